@@ -1,0 +1,35 @@
+# gptkit: `make demo` runs the whole job end to end, `make test` the test suite.
+# Each target sets up .venv on first use (and again when pyproject.toml changes).
+
+VENV    ?= .venv
+PYTHON  := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+# The public datasets and vocabularies; ../shared/data beside the checkout by default.
+DATA    ?= $(abspath ../shared/data)
+RUNS    ?= runs
+
+.PHONY: setup demo test bench lint clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PYTHON) -m pip install -q --upgrade pip
+	$(PYTHON) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: $(STAMP)
+	GPTKIT_DATA=$(DATA) $(PYTHON) -m pytest
+
+demo: $(STAMP)
+	GPTKIT_DATA=$(DATA) $(PYTHON) -m gptkit demo --data $(DATA) --out $(RUNS)/demo
+
+bench: $(STAMP)
+	@for b in benchmarks/*.py; do GPTKIT_DATA=$(DATA) $(PYTHON) $$b || exit 1; done
+
+lint: $(STAMP)
+	$(PYTHON) -m ruff check src tests benchmarks
+	$(PYTHON) -m ruff format --check src tests benchmarks
+
+clean:
+	rm -rf $(RUNS) .pytest_cache

@@ -1,0 +1,3 @@
+from gptkit.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,354 @@
+"""Weights in and out: Hugging Face directories, gptkit directories, OpenAI's GPT-1 release.
+
+A gptkit model directory *is* a Hugging Face directory: ``config.json`` plus ``model.safetensors``,
+with the parameter names of ``OpenAIGPTLMHeadModel`` (post-LN models) or ``GPT2LMHeadModel``
+(pre-LN models). ``config.json`` carries one extra key, ``"gptkit"``, with the full GPTConfig, so
+options that Hugging Face cannot express (sinusoidal positions, ``n_special``) survive a round trip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gptkit.config import GPTConfig
+from gptkit.model import GPT
+
+CONFIG_NAME = "config.json"
+SAFETENSORS_NAME = "model.safetensors"
+PYTORCH_NAME = "pytorch_model.bin"
+OPENAI_SHAPES_NAME = "params_shapes.json"
+
+# Hugging Face's GPT-1 calls the embeddings by other names; everything else is shared with GPT-2.
+_OPENAI_GPT_NAMES = {"tokens_embed.weight": "wte.weight", "positions_embed.weight": "wpe.weight"}
+# Both HF models store projections as Conv1D, whose weight is the transpose of nn.Linear's.
+_CONV1D_WEIGHT = re.compile(r"^h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight$")
+# Buffers and tied copies that some published checkpoints carry and that hold no parameters.
+_SKIPPED = re.compile(r"(^lm_head\.weight$|\.attn\.bias$|\.attn\.masked_bias$)")
+
+# Our activation names against each HF model's.
+_OPENAI_AFN = {"gelu_tanh": "gelu", "relu": "relu"}  # HF openai-gpt's "gelu" is the tanh form
+_GPT2_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+
+
+# Atomic writes ---------------------------------------------------------------------------------
+
+
+def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
+    """Call ``write(tmp_path)``, then rename the file into place: a crash never leaves half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: str | Path, data: Any) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2, ensure_ascii=False)
+            f.write("\n")
+
+    atomic_write(path, write)
+
+
+def read_json(path: str | Path) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from e
+
+
+def save_safetensors(
+    tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None
+):
+    from safetensors.torch import save_file
+
+    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+
+
+# Configs ---------------------------------------------------------------------------------------
+
+
+def hf_model_type(config: GPTConfig) -> str:
+    """Which Hugging Face model computes the same function as ``config``, or "gptkit" if none does."""
+    if config.ln_position == "post" and config.activation in _OPENAI_AFN and not config.scale_residual_init:
+        return "openai-gpt"
+    if config.ln_position == "pre":
+        return "gpt2"
+    return "gptkit"
+
+
+def config_to_hf(config: GPTConfig) -> dict[str, Any]:
+    model_type = hf_model_type(config)
+    shared = {
+        "model_type": model_type,
+        "vocab_size": config.total_vocab_size,  # HF counts special tokens in the vocabulary
+        "n_positions": config.context_length,
+        "n_embd": config.d_model,
+        "n_layer": config.n_layer,
+        "n_head": config.n_head,
+        "resid_pdrop": config.dropout,
+        "embd_pdrop": config.dropout,
+        "attn_pdrop": config.dropout,
+        "layer_norm_epsilon": config.layer_norm_eps,
+        "initializer_range": config.init_std,
+        "tie_word_embeddings": True,
+    }
+    if model_type == "openai-gpt":
+        shared.update(architectures=["OpenAIGPTLMHeadModel"], afn=_OPENAI_AFN[config.activation])
+    elif model_type == "gpt2":
+        shared.update(
+            architectures=["GPT2LMHeadModel"],
+            activation_function=_GPT2_ACTIVATION[config.activation],
+            n_inner=None,
+            scale_attn_weights=True,
+        )
+    shared["gptkit"] = config.to_dict()
+    return shared
+
+
+def config_from_hf(hf: dict[str, Any], source: str = CONFIG_NAME) -> GPTConfig:
+    """A GPTConfig from a ``config.json``: ours (the "gptkit" key) or one written by transformers."""
+    if "gptkit" in hf:
+        return GPTConfig.from_dict(hf["gptkit"])
+    model_type = hf.get("model_type")
+    if model_type not in ("openai-gpt", "gpt2"):
+        raise ValueError(
+            f"{source}: model_type {model_type!r} is not supported (expected 'openai-gpt' or 'gpt2')"
+        )
+    try:
+        common = dict(
+            vocab_size=hf["vocab_size"],
+            context_length=hf["n_positions"],
+            d_model=hf["n_embd"],
+            n_layer=hf["n_layer"],
+            n_head=hf["n_head"],
+            dropout=hf.get("resid_pdrop", 0.1),
+            layer_norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+            init_std=hf.get("initializer_range", 0.02),
+        )
+    except KeyError as e:
+        raise ValueError(f"{source}: missing field {e.args[0]!r} for model_type {model_type!r}") from e
+    if model_type == "openai-gpt":
+        inverse = {v: k for k, v in _OPENAI_AFN.items()}
+        afn = hf.get("afn", "gelu")
+        if afn not in inverse:
+            raise ValueError(
+                f"{source}: activation afn={afn!r} is not supported (expected one of {list(inverse)})"
+            )
+        return GPTConfig(**common, ln_position="post", activation=inverse[afn])
+    # gpt2
+    inverse = {v: k for k, v in _GPT2_ACTIVATION.items()}
+    act = hf.get("activation_function", "gelu_new")
+    if act not in inverse:
+        raise ValueError(
+            f"{source}: activation_function={act!r} is not supported (expected one of {list(inverse)})"
+        )
+    if hf.get("n_inner") not in (None, 4 * hf["n_embd"]):
+        raise ValueError(
+            f"{source}: n_inner={hf['n_inner']} is not supported (gptkit's MLP is 4·n_embd wide)"
+        )
+    for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"):
+        if hf.get(flag):
+            raise ValueError(f"{source}: {flag}=true is not supported")
+    return GPTConfig(**common, ln_position="pre", activation=inverse[act], scale_residual_init=True)
+
+
+# State dicts -----------------------------------------------------------------------------------
+
+
+def state_dict_to_hf(model: GPT) -> dict[str, torch.Tensor]:
+    """Our parameters under Hugging Face names and layouts."""
+    model_type = hf_model_type(model.config)
+    renames = {v: k for k, v in _OPENAI_GPT_NAMES.items()} if model_type == "openai-gpt" else {}
+    out = {}
+    for name, tensor in model.state_dict().items():
+        if _CONV1D_WEIGHT.match(name):
+            tensor = tensor.t()
+        out["transformer." + renames.get(name, name)] = tensor
+    if model.config.position_encoding == "sinusoidal":
+        # Stored as a position table so that transformers, which only knows learned tables, computes
+        # the same function.
+        key = "transformer.positions_embed.weight" if model_type == "openai-gpt" else "transformer.wpe.weight"
+        out[key] = model.sinusoids
+    return out
+
+
+def load_hf_state_dict(model: GPT, hf_state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
+    """Copy Hugging Face-named tensors into ``model``; missing or misshapen tensors are an error."""
+    ours = {}
+    for name, tensor in hf_state.items():
+        name = name.removeprefix("transformer.")
+        if _SKIPPED.search(name):
+            continue
+        name = _OPENAI_GPT_NAMES.get(name, name)
+        if _CONV1D_WEIGHT.match(name):
+            tensor = tensor.t()
+        ours[name] = tensor
+    if model.config.position_encoding == "sinusoidal":
+        ours.pop("wpe.weight", None)  # the table is recomputed, never learned
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(ours))
+    unexpected = sorted(set(ours) - set(expected))
+    if missing or unexpected:
+        raise ValueError(
+            f"{source}: parameters do not match the config"
+            + (f"; missing: {', '.join(missing[:8])}" if missing else "")
+            + (f"; unexpected: {', '.join(unexpected[:8])}" if unexpected else "")
+        )
+    for name, tensor in ours.items():
+        if tensor.shape != expected[name].shape:
+            raise ValueError(
+                f"{source}: {name} has shape {tuple(tensor.shape)}, the config expects {tuple(expected[name].shape)}"
+            )
+    model.load_state_dict(ours, strict=True)
+
+
+# Directories -----------------------------------------------------------------------------------
+
+
+def save_pretrained(model: GPT, directory: str | Path) -> None:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    save_safetensors(state_dict_to_hf(model), directory / SAFETENSORS_NAME, metadata={"format": "pt"})
+    write_json(directory / CONFIG_NAME, config_to_hf(model.config))
+
+
+def load_pretrained(
+    source: str | Path, *, dtype: torch.dtype | None = None, device: str | None = None, n_head: int = 12
+) -> GPT:
+    """Build a GPT from a directory (HF, gptkit or OpenAI's release) or a Hugging Face Hub name."""
+    directory = Path(source)
+    if not directory.is_dir():
+        if directory.exists():
+            raise ValueError(f"{source}: expected a model directory, found a file")
+        if os.sep in str(source) or str(source).startswith("."):
+            raise FileNotFoundError(f"{source}: no such directory")
+        directory = download_from_hub(str(source))
+    if (directory / OPENAI_SHAPES_NAME).exists() and not (directory / CONFIG_NAME).exists():
+        model = load_openai_release(directory, n_head=n_head)
+    else:
+        model = _load_hf_directory(directory)
+    if dtype is not None or device is not None:
+        model = model.to(device=device, dtype=dtype)
+    return model.eval()
+
+
+def _load_hf_directory(directory: Path) -> GPT:
+    config_path = directory / CONFIG_NAME
+    if not config_path.exists():
+        raise FileNotFoundError(
+            f"{directory}: no {CONFIG_NAME} (expected a Hugging Face/gptkit model directory, or OpenAI's "
+            f"GPT-1 release with {OPENAI_SHAPES_NAME} and params_*.npy)"
+        )
+    config = config_from_hf(read_json(config_path), str(config_path))
+    if (directory / SAFETENSORS_NAME).exists():
+        from safetensors.torch import load_file
+
+        weights_path = directory / SAFETENSORS_NAME
+        state = load_file(weights_path)
+    elif (directory / PYTORCH_NAME).exists():
+        weights_path = directory / PYTORCH_NAME
+        # weights_only: never unpickle arbitrary objects from a file someone handed us.
+        state = torch.load(weights_path, map_location="cpu", weights_only=True)
+    else:
+        raise FileNotFoundError(f"{directory}: no {SAFETENSORS_NAME} or {PYTORCH_NAME}")
+    model = GPT(config)
+    load_hf_state_dict(model, state, str(weights_path))
+    return model
+
+
+def download_from_hub(name: str) -> Path:
+    """Fetch a model repository (e.g. ``openai-community/gpt2``) from the Hugging Face Hub."""
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError as e:
+        raise FileNotFoundError(
+            f"{name!r} is not a local directory, and downloading it needs huggingface_hub "
+            "(pip install 'gptkit[hf]')"
+        ) from e
+    try:
+        path = snapshot_download(
+            name, allow_patterns=["config.json", "*.safetensors", "*.json", "*.txt", "*.bpe"]
+        )
+    except Exception as e:  # the hub raises many types; the user needs the name and the cause
+        raise FileNotFoundError(f"{name!r} is not a local directory and could not be downloaded: {e}") from e
+    return Path(path)
+
+
+# OpenAI's original GPT-1 release (openai/finetune-transformer-lm, model/) --------------------------
+
+# Per block, the order of the arrays in params_shapes.json, against our names.
+_OPENAI_BLOCK_ORDER = [
+    "attn.c_attn.weight", "attn.c_attn.bias",
+    "attn.c_proj.weight", "attn.c_proj.bias",
+    "ln_1.weight", "ln_1.bias",
+    "mlp.c_fc.weight", "mlp.c_fc.bias",
+    "mlp.c_proj.weight", "mlp.c_proj.bias",
+    "ln_2.weight", "ln_2.bias",
+]  # fmt: skip
+
+
+def load_openai_release(directory: str | Path, n_head: int = 12, context_length: int | None = None) -> GPT:
+    """Import ``params_shapes.json`` + ``params_0.npy`` … ``params_9.npy``.
+
+    The parameters are stored flat and concatenated, in the order of ``params_shapes.json``:
+    positions, tokens, then 12 arrays per block; projection weights are [1, in, out]. The release does
+    not record the number of heads: GPT-1 has 12.
+    """
+    directory = Path(directory)
+    shapes_path = directory / OPENAI_SHAPES_NAME
+    shapes = [tuple(s) for s in read_json(shapes_path)]
+    if len(shapes) < 2 or (len(shapes) - 2) % len(_OPENAI_BLOCK_ORDER):
+        raise ValueError(
+            f"{shapes_path}: {len(shapes)} arrays; expected 2 embeddings plus "
+            f"{len(_OPENAI_BLOCK_ORDER)} per block"
+        )
+    files = sorted(directory.glob("params_*.npy"), key=lambda p: int(p.stem.split("_")[1]))
+    if not files:
+        raise FileNotFoundError(f"{directory}: {OPENAI_SHAPES_NAME} but no params_*.npy files")
+    flat = np.concatenate([np.load(f, allow_pickle=False).reshape(-1) for f in files])
+    sizes = [int(np.prod(s)) for s in shapes]
+    if flat.size != sum(sizes):
+        raise ValueError(
+            f"{directory}: params_*.npy hold {flat.size} numbers, {OPENAI_SHAPES_NAME} describes {sum(sizes)}"
+        )
+    arrays = [a.reshape(s) for a, s in zip(np.split(flat, np.cumsum(sizes)[:-1]), shapes)]
+
+    (n_positions, d_model), (vocab_size, _) = shapes[0], shapes[1]
+    n_layer = (len(shapes) - 2) // len(_OPENAI_BLOCK_ORDER)
+    config = GPTConfig(
+        vocab_size=vocab_size,
+        context_length=context_length or n_positions,
+        n_layer=n_layer,
+        n_head=n_head,
+        d_model=d_model,
+        ln_position="post",
+    )
+    state = {"wpe.weight": arrays[0][: config.context_length], "wte.weight": arrays[1]}
+    for i in range(n_layer):
+        block = arrays[2 + i * len(_OPENAI_BLOCK_ORDER) : 2 + (i + 1) * len(_OPENAI_BLOCK_ORDER)]
+        for name, array in zip(_OPENAI_BLOCK_ORDER, block):
+            if array.ndim == 3:  # conv weight [1, in, out] → Linear [out, in]
+                array = array[0].T
+            state[f"h.{i}.{name}"] = array
+    model = GPT(config)
+    model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()})
+    return model.eval()

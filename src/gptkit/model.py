@@ -1,0 +1,320 @@
+"""The GPT network of Radford et al. (2018, 2019), in one file.
+
+    h_0 = U·W_e + W_p                           (token embedding plus position embedding)
+    h_l = transformer_block(h_{l-1})  l = 1..n
+    P(u) = softmax(h_n·W_e^T)                   (the output layer is the token embedding, tied)
+
+GPT-1 puts LayerNorm after each residual add (``ln_position="post"``); GPT-2 puts it before each
+sub-block and adds a final one (``ln_position="pre"``). Parameter names are those of the Hugging
+Face checkpoints (``wte``, ``wpe``, ``h.N.attn.c_attn``, ...) so published weights map one to one;
+``checkpoint.py`` holds the small table for GPT-1's ``tokens_embed``/``positions_embed`` names.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gptkit.config import GPTConfig
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class GPTOutput:
+    logits: torch.Tensor | None  # (B, T, V): unnormalised log P(u_i | u_<i)
+    hidden_states: torch.Tensor  # (B, T, d): h_n, what task heads read
+    loss: torch.Tensor | None = None  # mean next-token cross-entropy, eq. (1) negated
+
+
+class KVCache:
+    """Keys and values of the positions already seen, per layer, so decoding reads each token once.
+
+    Preallocated to ``max_length`` positions; ``length`` counts how many are filled.
+    """
+
+    def __init__(self, config: GPTConfig, batch_size: int, max_length: int, device=None, dtype=None):
+        shape = (config.n_layer, batch_size, config.n_head, max_length, config.head_size)
+        self.keys = torch.zeros(shape, device=device, dtype=dtype)
+        self.values = torch.zeros(shape, device=device, dtype=dtype)
+        self.max_length = max_length
+        self.length = 0
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store this step's k, v (B, nh, T, hs) for ``layer``; return all keys and values so far."""
+        start, end = self.length, self.length + k.size(2)
+        self.keys[layer, :, :, start:end] = k
+        self.values[layer, :, :, start:end] = v
+        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+
+    def advance(self, n_positions: int) -> None:
+        self.length += n_positions
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep only the batch rows in ``index`` (e.g. after some sequences finished)."""
+        self.keys = self.keys[:, index]
+        self.values = self.values[:, index]
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.dropout = config.dropout
+        self.c_attn = nn.Linear(config.d_model, 3 * config.d_model)  # q, k, v in one matmul
+        self.c_proj = nn.Linear(config.d_model, config.d_model)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        cache: KVCache | None = None,
+        layer: int = 0,
+    ) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        if cache is not None:
+            k, v = cache.append(layer, k, v)  # (B, nh, S, hs), S = past + T
+        # softmax(q·k^T / sqrt(d_head))·v, masked so position i sees only positions <= i.
+        y = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=mask is None,
+        )
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+_ACTIVATIONS = {
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu": F.gelu,
+    "relu": F.relu,
+}
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.d_model, 4 * config.d_model)
+        self.c_proj = nn.Linear(4 * config.d_model, config.d_model)
+        self.act = _ACTIVATIONS[config.activation]
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.pre_ln = config.ln_position == "pre"
+        self.ln_1 = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, mask=None, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        if self.pre_ln:  # GPT-2: x + f(LN(x))
+            x = x + self.attn(self.ln_1(x), mask, cache, layer)
+            return x + self.mlp(self.ln_2(x))
+        # GPT-1: LN(x + f(x))
+        x = self.ln_1(x + self.attn(x, mask, cache, layer))
+        return self.ln_2(x + self.mlp(x))
+
+
+def sinusoidal_positions(n_positions: int, d_model: int) -> torch.Tensor:
+    """Vaswani et al. (2017): PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(p / 10000^(2i/d))."""
+    position = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)
+    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * inv_freq)
+    table[:, 1::2] = torch.cos(position * inv_freq)[:, : d_model // 2]
+    return table.float()
+
+
+class GPT(nn.Module):
+    """A decoder-only Transformer language model, GPT-1 or GPT-2 by configuration."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.total_vocab_size, config.d_model)  # W_e (tied with the output)
+        if config.position_encoding == "learned":
+            self.wpe = nn.Embedding(config.context_length, config.d_model)  # W_p
+        else:
+            self.register_buffer(
+                "sinusoids", sinusoidal_positions(config.context_length, config.d_model), persistent=False
+            )
+        self.drop = nn.Dropout(config.dropout)
+        self.h = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = (
+            nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.ln_position == "pre" else None
+        )
+        self.apply(self._init_weights)
+        if config.scale_residual_init:
+            # GPT-2 §2.3: residual-path weights scaled by 1/sqrt(N), N = 2 residual adds per block.
+            std = config.init_std / math.sqrt(2 * config.n_layer)
+            for block in self.h:
+                nn.init.normal_(block.attn.c_proj.weight, 0.0, std)
+                nn.init.normal_(block.mlp.c_proj.weight, 0.0, std)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # N(0, 0.02) for every weight matrix and embedding; zero biases; LayerNorm gain 1, bias 0.
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, 0.0, self.config.init_std)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        compute_logits: bool = True,
+    ) -> GPTOutput:
+        """Run the network.
+
+        Args:
+            input_ids: (B, T) token ids.
+            labels: (B, T) targets aligned with ``input_ids`` (usually the same tensor); position i is
+                scored on ``labels[:, i + 1]`` and ``-100`` is ignored. Gives ``loss``.
+            attention_mask: (B, past + T), 1 for real tokens and 0 for padding, when rows are padded.
+            position_ids: (B, T) positions; by default past + 0..T-1, skipping padding.
+            cache: a KVCache to read past keys/values from and append this step's to.
+            compute_logits: False skips the output layer (task heads need only ``hidden_states``).
+        """
+        B, T = input_ids.shape
+        past = cache.length if cache is not None else 0
+        self._check_inputs(input_ids, past)
+
+        if position_ids is None:
+            if attention_mask is not None:
+                # Left-padded rows start counting at their first real token.
+                position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past : past + T]
+            else:
+                position_ids = torch.arange(past, past + T, device=input_ids.device).unsqueeze(0)
+        if self.config.position_encoding == "learned":
+            positions = self.wpe(position_ids)
+        else:
+            positions = self.sinusoids[position_ids]
+        x = self.drop(self.wte(input_ids) + positions)  # h_0 = U·W_e + W_p, (B, T, d)
+
+        mask = self._attention_mask(attention_mask, past, T, input_ids.device)
+        for layer, block in enumerate(self.h):
+            x = block(x, mask, cache, layer)
+        if self.ln_f is not None:
+            x = self.ln_f(x)
+        if cache is not None:
+            cache.advance(T)
+
+        logits = F.linear(x, self.wte.weight) if compute_logits or labels is not None else None  # h_n·W_e^T
+        loss = None
+        if labels is not None:
+            loss = next_token_loss(logits, labels)
+        return GPTOutput(logits=logits if compute_logits else None, hidden_states=x, loss=loss)
+
+    def _check_inputs(self, input_ids: torch.Tensor, past: int) -> None:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be 2-D (batch, sequence), got shape {tuple(input_ids.shape)}")
+        T = input_ids.size(1)
+        if past + T > self.config.context_length:
+            raise ValueError(
+                f"sequence of {past + T} tokens is longer than the model's context of "
+                f"{self.config.context_length} tokens"
+            )
+        if input_ids.numel():
+            low, high = torch.aminmax(input_ids)
+            low, high = int(low), int(high)
+            if low < 0 or high >= self.config.total_vocab_size:
+                bad = low if low < 0 else high
+                raise ValueError(
+                    f"token id {bad} is out of range: the model has {self.config.total_vocab_size} token "
+                    f"embeddings (ids 0..{self.config.total_vocab_size - 1})"
+                )
+
+    @staticmethod
+    def _attention_mask(attention_mask, past: int, T: int, device) -> torch.Tensor | None:
+        """Boolean (B, 1, T, past+T) mask, or None when plain causal attention (is_causal) suffices."""
+        if attention_mask is None and past == 0:
+            return None
+        S = past + T
+        query_pos = torch.arange(past, S, device=device).unsqueeze(1)
+        key_pos = torch.arange(S, device=device).unsqueeze(0)
+        mask = (key_pos <= query_pos).unsqueeze(0).unsqueeze(0)  # (1, 1, T, S)
+        if attention_mask is not None:
+            keep = attention_mask[:, None, None, :S].bool()
+            # A padding query still attends to itself, so its row is never all -inf (no NaN).
+            mask = mask & (keep | (key_pos == query_pos))
+        return mask
+
+    # Special tokens ------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def add_special_tokens(self, n_new: int) -> None:
+        """Append ``n_new`` token rows (N(0, init_std)) after the existing ones; the rest are unchanged."""
+        if n_new <= 0:
+            return
+        old = self.wte.weight
+        new_rows = torch.empty(n_new, old.size(1), device=old.device, dtype=old.dtype)
+        nn.init.normal_(new_rows, 0.0, self.config.init_std)
+        embedding = nn.Embedding(old.size(0) + n_new, old.size(1), device=old.device, dtype=old.dtype)
+        embedding.weight.copy_(torch.cat([old, new_rows]))
+        self.wte = embedding
+        self.config.n_special += n_new
+
+    # Weights in and out --------------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, source: str | Path, **kwargs) -> GPT:
+        """Load a Hugging Face-format directory, a gptkit directory, or OpenAI's original GPT-1 release.
+
+        A name such as ``"gpt2"`` that is not a local directory is downloaded from the Hugging Face Hub
+        (needs ``huggingface_hub`` and a network).
+        """
+        from gptkit.checkpoint import load_pretrained
+
+        return load_pretrained(source, **kwargs)
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write ``config.json`` and ``model.safetensors`` in the Hugging Face format."""
+        from gptkit.checkpoint import save_pretrained
+
+        save_pretrained(self, directory)
+
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
+        """Autoregressive decoding with a KV cache; see :func:`gptkit.generate.generate`."""
+        from gptkit.generate import generate
+
+        return generate(self, input_ids, max_new_tokens, **kwargs)
+
+
+def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean of -log P(u_{i+1} | u_<=i) over positions whose target is not -100 (eq. 1, negated)."""
+    shifted_logits = logits[:, :-1, :]  # position i predicts token i+1; the last predicts nothing
+    targets = labels[:, 1:]
+    return F.cross_entropy(
+        shifted_logits.reshape(-1, shifted_logits.size(-1)).float(),
+        targets.reshape(-1),
+        ignore_index=IGNORE_INDEX,
+    )
