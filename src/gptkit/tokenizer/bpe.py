@@ -1,0 +1,68 @@
+"""Byte-pair encoding (Sennrich et al., 2016): apply a ranked list of merges to a word's symbols."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+
+def read_merges(path: str | Path) -> list[tuple[str, str]]:
+    """Read a ``vocab.bpe`` file: a ``#version`` line, then one ``left right`` merge per line."""
+    merges = []
+    with open(path, encoding="utf-8") as f:
+        for line_number, line in enumerate(f, start=1):
+            line = line.rstrip("\n")
+            if line_number == 1 and line.startswith("#version"):
+                continue
+            if not line:
+                continue
+            parts = line.split(" ")
+            if len(parts) != 2:
+                raise ValueError(
+                    f"{path}, line {line_number}: expected two symbols separated by a space, got {line!r}"
+                )
+            merges.append((parts[0], parts[1]))
+    return merges
+
+
+def write_merges(path: str | Path, merges: Iterable[tuple[str, str]]) -> None:
+    from gptkit.checkpoint import atomic_write
+
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("#version: 0.2\n")
+            for left, right in merges:
+                f.write(f"{left} {right}\n")
+
+    atomic_write(path, write)
+
+
+class BPE:
+    """Merge adjacent symbols, lowest rank first, until no ranked pair is left."""
+
+    def __init__(self, merges: list[tuple[str, str]]):
+        self.ranks = {pair: rank for rank, pair in enumerate(merges)}
+
+    def __call__(self, symbols: tuple[str, ...]) -> tuple[str, ...]:
+        ranks = self.ranks
+        word = list(symbols)
+        while len(word) > 1:
+            best, best_rank = None, None
+            for pair in zip(word, word[1:]):
+                rank = ranks.get(pair)
+                if rank is not None and (best_rank is None or rank < best_rank):
+                    best, best_rank = pair, rank
+            if best is None:
+                break
+            first, second = best
+            merged, i = [], 0
+            # Merge every occurrence, scanning left to right without overlaps.
+            while i < len(word):
+                if i < len(word) - 1 and word[i] == first and word[i + 1] == second:
+                    merged.append(first + second)
+                    i += 2
+                else:
+                    merged.append(word[i])
+                    i += 1
+            word = merged
+        return tuple(word)

@@ -1,0 +1,119 @@
+"""Train a BPE vocabulary on your own corpus, written in the same file formats as GPT-1's or GPT-2's.
+
+The merge learning is Hugging Face ``tokenizers``' (fast, well kept); gptkit owns the glue: the
+pre-tokenization that matches each style, and writing ``encoder.json`` + ``vocab.bpe`` +
+``tokenizer_config.json`` so that ``Tokenizer.from_pretrained`` reads the result at once.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Literal
+
+from tqdm import tqdm
+
+from gptkit.checkpoint import write_json
+from gptkit.tokenizer.base import TOKENIZER_CONFIG, Tokenizer
+from gptkit.tokenizer.bpe import write_merges
+from gptkit.tokenizer.bytelevel import END_OF_TEXT, byte_to_char
+from gptkit.tokenizer.gpt1 import (
+    END_OF_WORD,
+    GPT1_SPECIAL_TOKENS,
+    MAX_CHUNK_CHARS,
+    _require_gpt1_extra,
+    text_standardize,
+)
+
+Style = Literal["gpt1", "bytelevel"]
+
+
+def _lines(files: Sequence[str | Path], desc: str) -> Iterator[str]:
+    """Stream the corpus a line at a time, with a progress bar over bytes read."""
+    total = sum(Path(f).stat().st_size for f in files)
+    with tqdm(total=total, unit="B", unit_scale=True, desc=desc, leave=False) as bar:
+        for path in files:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    bar.update(len(line.encode("utf-8", errors="replace")))
+                    yield line
+
+
+def _gpt1_words(files: Sequence[str | Path]) -> Iterator[list[str]]:
+    """GPT-1's pre-tokenization of each line: ftfy, text_standardize, spaCy, lower-case."""
+    ftfy, spacy = _require_gpt1_extra()
+    tokenizer = spacy.blank("en").tokenizer
+    cache: dict[str, list[str]] = {}
+    for line in _lines(files, "pre-tokenizing"):
+        words = []
+        for chunk in text_standardize(ftfy.fix_text(line)).split(" "):
+            if not chunk or chunk == "\n":
+                continue
+            if chunk not in cache:
+                cache[chunk] = [t.text.lower() for t in tokenizer(chunk[:MAX_CHUNK_CHARS])]
+            words.extend(cache[chunk])
+        yield words
+
+
+def train_bpe(
+    files: Sequence[str | Path],
+    vocab_size: int,
+    out_dir: str | Path,
+    style: Style = "bytelevel",
+    min_frequency: int = 2,
+    show_progress: bool = True,
+) -> Tokenizer:
+    """Learn merges from ``files`` until the vocabulary has ``vocab_size`` tokens; save to ``out_dir``."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers, trainers
+
+    missing = [str(f) for f in files if not Path(f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"corpus file(s) not found: {', '.join(missing)}")
+    if style == "bytelevel":
+        alphabet = list(byte_to_char().values())
+        if vocab_size < len(alphabet) + 1:
+            raise ValueError(
+                f"vocab_size {vocab_size} is below the 257 tokens every byte-level vocabulary holds"
+            )
+        hf = HFTokenizer(models.BPE())
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            min_frequency=min_frequency,
+            special_tokens=[END_OF_TEXT],
+            initial_alphabet=alphabet,
+            show_progress=show_progress,
+        )
+        hf.train_from_iterator(_lines(files, "reading corpus"), trainer=trainer)
+    elif style == "gpt1":
+        n_base = vocab_size - len(GPT1_SPECIAL_TOKENS)
+        hf = HFTokenizer(models.BPE(end_of_word_suffix=END_OF_WORD))
+        hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        trainer = trainers.BpeTrainer(
+            vocab_size=n_base,
+            min_frequency=min_frequency,
+            end_of_word_suffix=END_OF_WORD,
+            show_progress=show_progress,
+        )
+        hf.train_from_iterator((" ".join(words) for words in _gpt1_words(files)), trainer=trainer)
+    else:
+        raise ValueError(f"style must be 'gpt1' or 'bytelevel', got {style!r}")
+
+    model = json.loads(hf.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(out_dir / "encoder.json", model["vocab"])
+    write_merges(out_dir / "vocab.bpe", merges)
+    specials = GPT1_SPECIAL_TOKENS if style == "gpt1" else [END_OF_TEXT]
+    write_json(
+        out_dir / TOKENIZER_CONFIG,
+        {
+            "style": style,
+            "files": {"encoder": "encoder.json", "merges": "vocab.bpe"},
+            "special_tokens": specials,
+        },
+    )
+    return Tokenizer.from_pretrained(out_dir)
