@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from gptkit.config import GPTConfig
-from gptkit.model import GPT
+from gptkit.model import GPT, sinusoidal_positions
 
 CONFIG_NAME = "config.json"
 SAFETENSORS_NAME = "model.safetensors"
@@ -174,25 +174,25 @@ def config_from_hf(hf: dict[str, Any], source: str = CONFIG_NAME) -> GPTConfig:
 # State dicts -----------------------------------------------------------------------------------
 
 
-def state_dict_to_hf(model: GPT) -> dict[str, torch.Tensor]:
-    """Our parameters under Hugging Face names and layouts."""
-    model_type = hf_model_type(model.config)
+def state_dict_to_hf(config: GPTConfig, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A GPT's parameters (our names) under Hugging Face names and layouts."""
+    model_type = hf_model_type(config)
     renames = {v: k for k, v in _OPENAI_GPT_NAMES.items()} if model_type == "openai-gpt" else {}
     out = {}
-    for name, tensor in model.state_dict().items():
+    for name, tensor in state.items():
         if _CONV1D_WEIGHT.match(name):
             tensor = tensor.t()
         out["transformer." + renames.get(name, name)] = tensor
-    if model.config.position_encoding == "sinusoidal":
+    if config.position_encoding == "sinusoidal":
         # Stored as a position table so that transformers, which only knows learned tables, computes
         # the same function.
         key = "transformer.positions_embed.weight" if model_type == "openai-gpt" else "transformer.wpe.weight"
-        out[key] = model.sinusoids
+        out[key] = sinusoidal_positions(config.context_length, config.d_model)
     return out
 
 
-def load_hf_state_dict(model: GPT, hf_state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
-    """Copy Hugging Face-named tensors into ``model``; missing or misshapen tensors are an error."""
+def state_dict_from_hf(config: GPTConfig, hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Hugging Face-named tensors under our names and layouts (buffers and tied copies dropped)."""
     ours = {}
     for name, tensor in hf_state.items():
         name = name.removeprefix("transformer.")
@@ -202,8 +202,14 @@ def load_hf_state_dict(model: GPT, hf_state: dict[str, torch.Tensor], source: st
         if _CONV1D_WEIGHT.match(name):
             tensor = tensor.t()
         ours[name] = tensor
-    if model.config.position_encoding == "sinusoidal":
+    if config.position_encoding == "sinusoidal":
         ours.pop("wpe.weight", None)  # the table is recomputed, never learned
+    return ours
+
+
+def load_hf_state_dict(model: GPT, hf_state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
+    """Copy Hugging Face-named tensors into ``model``; missing or misshapen tensors are an error."""
+    ours = state_dict_from_hf(model.config, hf_state)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(ours))
     unexpected = sorted(set(ours) - set(expected))
@@ -225,10 +231,24 @@ def load_hf_state_dict(model: GPT, hf_state: dict[str, torch.Tensor], source: st
 
 
 def save_pretrained(model: GPT, directory: str | Path) -> None:
+    save_state_dict(model.config, model.state_dict(), directory)
+
+
+def save_state_dict(config: GPTConfig, state: dict[str, torch.Tensor], directory: str | Path) -> None:
+    """Write ``config.json`` and ``model.safetensors`` (Hugging Face format) for a GPT's state dict."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    save_safetensors(state_dict_to_hf(model), directory / SAFETENSORS_NAME, metadata={"format": "pt"})
-    write_json(directory / CONFIG_NAME, config_to_hf(model.config))
+    save_safetensors(state_dict_to_hf(config, state), directory / SAFETENSORS_NAME, metadata={"format": "pt"})
+    write_json(directory / CONFIG_NAME, config_to_hf(config))
+
+
+def read_state_dict(directory: str | Path) -> dict[str, torch.Tensor]:
+    """The parameters saved in a gptkit/HF directory, under our names."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    config = config_from_hf(read_json(directory / CONFIG_NAME), str(directory / CONFIG_NAME))
+    return state_dict_from_hf(config, load_file(directory / SAFETENSORS_NAME))
 
 
 def load_pretrained(

@@ -1,0 +1,142 @@
+"""Many processes through torchrun: DDP or FSDP2, applied from outside the model.
+
+``torchrun --nproc_per_node=N gptkit pretrain ...`` sets WORLD_SIZE, RANK and LOCAL_RANK; this
+module reads them, starts the process group (NCCL on GPUs, gloo on CPUs) and wraps the model.
+A single process (no WORLD_SIZE, or 1) runs the same code with no wrapper.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+
+@dataclass
+class DistributedContext:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def all_reduce_mean(self, value: torch.Tensor) -> torch.Tensor:
+        if self.is_distributed:
+            value = value.clone()
+            dist.all_reduce(value, op=dist.ReduceOp.SUM)
+            value /= self.world_size
+        return value
+
+    def barrier(self) -> None:
+        if self.is_distributed:
+            dist.barrier()
+
+    def all_gather_object(self, obj):
+        if not self.is_distributed:
+            return [obj]
+        gathered = [None] * self.world_size
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
+    def broadcast_object(self, obj):
+        if not self.is_distributed:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+
+def init_distributed(device: str | None = None) -> DistributedContext:
+    """Read torchrun's environment and start the process group when there is more than one process."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda":
+        torch.cuda.set_device(local_rank)
+        torch_device = torch.device("cuda", local_rank)
+    else:
+        torch_device = torch.device(device)
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if torch_device.type == "cuda" else "gloo")
+    return DistributedContext(rank=rank, world_size=world_size, local_rank=local_rank, device=torch_device)
+
+
+def shutdown_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_model(model: nn.Module, ctx: DistributedContext, fsdp: bool = False) -> nn.Module:
+    """DDP, or FSDP2 (``fully_shard`` on every block, then the root) when asked; unchanged alone."""
+    if not ctx.is_distributed:
+        if fsdp:
+            raise ValueError("--fsdp needs several processes: launch with torchrun --nproc_per_node=N")
+        return model
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in getattr(model, "h", getattr(getattr(model, "gpt", None), "h", [])):
+            fully_shard(block)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [ctx.local_rank] if ctx.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def gradient_sync(wrapped: nn.Module, sync: bool):
+    """Context in which backward() all-reduces gradients only when ``sync`` (the last micro-step)."""
+    if hasattr(wrapped, "no_sync"):  # DDP
+        return contextlib.nullcontext() if sync else wrapped.no_sync()
+    if hasattr(wrapped, "set_requires_gradient_sync"):  # FSDP2
+        wrapped.set_requires_gradient_sync(sync)
+    return contextlib.nullcontext()
+
+
+def unwrap(wrapped: nn.Module) -> nn.Module:
+    return wrapped.module if hasattr(wrapped, "no_sync") and hasattr(wrapped, "module") else wrapped
+
+
+def full_state_dicts(wrapped: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistributedContext):
+    """Whole (unsharded) model and optimizer state on every rank's CPU, keyed by parameter name."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    module = unwrap(wrapped)
+    if not ctx.is_distributed or not hasattr(module, "set_requires_gradient_sync"):
+        options = StateDictOptions(full_state_dict=True)
+    else:
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    model_state = get_model_state_dict(module, options=options)
+    optim_state = get_optimizer_state_dict(module, optimizer, options=options)
+    return model_state, optim_state
+
+
+def load_full_state_dicts(wrapped: nn.Module, optimizer, model_state, optim_state) -> None:
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    module = unwrap(wrapped)
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(module, model_state, options=options)
+    set_optimizer_state_dict(module, optimizer, optim_state, options=options)

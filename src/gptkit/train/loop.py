@@ -1,0 +1,409 @@
+"""The one training loop, shared by pre-training (L1) and fine-tuning (L3 = L2 + λ·L1).
+
+The two stages differ in the batches they feed and in what the model's forward returns as
+``.loss``; accumulation, clipping, autocast, the schedule, evaluation, logging, checkpointing and
+exact resume live here once.
+
+A run directory holds ``run_config.json``, ``metrics.jsonl``, ``loss.png`` and ``checkpoints/``:
+``step-NNNNNNN/`` folders (model files + ``train_state.pt``), each written under a temporary name
+and renamed when complete, and ``latest.json`` naming the newest complete one. A ``kill -9`` thus
+loses at most the steps since the last checkpoint, and a non-finite step is never saved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import shutil
+import signal
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import torch
+import torch.nn as nn
+from tqdm import tqdm
+
+from gptkit.checkpoint import read_json, write_json
+from gptkit.train.distributed import (
+    DistributedContext,
+    full_state_dicts,
+    gradient_sync,
+    load_full_state_dicts,
+    unwrap,
+)
+from gptkit.train.optim import build_optimizer, learning_rate
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest.json"
+TRAIN_STATE = "train_state.pt"
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings. Defaults are GPT-1's pre-training (§4.1)."""
+
+    max_steps: int = field(default=100_000, metadata={"help": "Optimizer updates to run."})
+    batch_size: int = field(default=64, metadata={"help": "Global batch, in sequences, per update."})
+    micro_batch_size: int | None = field(
+        default=None, metadata={"help": "Sequences per forward pass; the rest is gradient accumulation."}
+    )
+    lr: float = field(default=2.5e-4, metadata={"help": "Maximum learning rate."})
+    warmup_steps: int = field(default=2000, metadata={"help": "Linear warm-up updates from 0."})
+    schedule: Literal["cosine", "linear", "constant"] = field(
+        default="cosine", metadata={"help": "Decay after warm-up, to 0 at max_steps."}
+    )
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW decay on weights of rank >= 2."})
+    beta1: float = field(default=0.9, metadata={"help": "Adam β1."})
+    beta2: float = field(default=0.999, metadata={"help": "Adam β2."})
+    eps: float = field(default=1e-8, metadata={"help": "Adam ε."})
+    grad_clip: float = field(default=1.0, metadata={"help": "Global gradient-norm clip (0 disables)."})
+    precision: Literal["fp32", "bf16"] = field(default="fp32", metadata={"help": "bf16 runs under autocast."})
+    compile: bool = field(default=False, metadata={"help": "torch.compile the model."})
+    eval_every: int = field(default=500, metadata={"help": "Evaluate every N updates (0: only at the end)."})
+    checkpoint_every: int = field(default=1000, metadata={"help": "Checkpoint every N updates."})
+    log_every: int = field(default=10, metadata={"help": "Write metrics.jsonl every N updates."})
+    keep_checkpoints: int = field(default=2, metadata={"help": "How many recent checkpoints to keep."})
+    seed: int = field(default=1337, metadata={"help": "Seed for init, data order and dropout."})
+    on_nonfinite: Literal["stop", "skip"] = field(
+        default="stop",
+        metadata={"help": "A NaN/inf loss: stop with an error, or skip the update with a warning."},
+    )
+    fsdp: bool = field(default=False, metadata={"help": "Shard with FSDP2 instead of DDP (torchrun only)."})
+    progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
+
+
+class BatchSource(Protocol):
+    """Where batches come from: this rank's share of the next global batch, and a resumable position."""
+
+    def next_batch(self) -> dict[str, torch.Tensor]: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+def autocast(precision: str, device: torch.device):
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    if precision != "fp32":
+        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
+    return contextlib.nullcontext()
+
+
+def split_micro_batches(
+    batch: dict[str, torch.Tensor], micro_batch_size: int
+) -> list[dict[str, torch.Tensor]]:
+    size = next(iter(batch.values())).size(0)
+    return [
+        {k: v[i : i + micro_batch_size] for k, v in batch.items()} for i in range(0, size, micro_batch_size)
+    ]
+
+
+class Trainer:
+    """Runs ``config.max_steps`` updates of ``model`` on ``data``, resumable from ``out_dir``.
+
+    Args:
+        model: an nn.Module whose ``forward(**micro_batch)`` returns an object with ``.loss``; already
+            wrapped for DDP/FSDP when distributed (see ``wrap_model``).
+        data: the training batches.
+        out_dir: the run directory.
+        save_model: writes the model's files into a directory, given the full state dict.
+        evaluate: optional; returns metrics (e.g. ``{"val_loss": ...}``) for the current model.
+        run_config: everything that defines the run, written to ``run_config.json``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        config: TrainConfig,
+        data: BatchSource,
+        out_dir: str | Path,
+        save_model: Callable[[Path, dict[str, torch.Tensor]], None],
+        ctx: DistributedContext | None = None,
+        evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
+        run_config: dict[str, Any] | None = None,
+    ):
+        self.ctx = ctx or DistributedContext()
+        self.model, self.config, self.data = model, config, data
+        self.out_dir = Path(out_dir)
+        self.save_model, self.evaluate = save_model, evaluate
+        self.run_config = run_config or {}
+        self.step = 0
+        self.tokens_seen = 0
+        self.optimizer = build_optimizer(
+            unwrap(model), config.lr, config.weight_decay, (config.beta1, config.beta2), config.eps
+        )
+        per_rank = config.batch_size // self.ctx.world_size
+        self.micro_batch_size = min(config.micro_batch_size or per_rank, per_rank)
+        if config.batch_size % self.ctx.world_size or per_rank % self.micro_batch_size:
+            raise ValueError(
+                f"batch_size {config.batch_size} must split evenly into {self.ctx.world_size} process(es) × "
+                f"micro-batches of {self.micro_batch_size}"
+            )
+        self.forward = torch.compile(model) if config.compile else model
+        self.last_metrics: dict[str, float] = {}
+
+    # Checkpoints ---------------------------------------------------------------------------------
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.out_dir / CHECKPOINTS
+
+    def save_checkpoint(self) -> Path:
+        """Write model + optimizer + schedule position + RNG + data position; all ranks must call it."""
+        model_state, optim_state = full_state_dicts(self.model, self.optimizer, self.ctx)
+        rng_states = self.ctx.all_gather_object(_rng_state())
+        final = self.checkpoint_dir / f"step-{self.step:07d}"
+        if self.ctx.is_main:
+            tmp = self.checkpoint_dir / f".step-{self.step:07d}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            self.save_model(tmp, model_state)
+            train_state = {
+                "step": self.step,
+                "tokens_seen": self.tokens_seen,
+                "optimizer": optim_state,
+                "data": self.data.state_dict(),
+                "rng": rng_states,
+                "world_size": self.ctx.world_size,
+            }
+            torch.save(train_state, tmp / TRAIN_STATE)
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+            write_json(self.checkpoint_dir / LATEST, {"step": self.step, "path": final.name})
+            self._prune_checkpoints()
+        self.ctx.barrier()
+        return final
+
+    def _prune_checkpoints(self) -> None:
+        done = sorted(p for p in self.checkpoint_dir.glob("step-*") if p.is_dir())
+        for old in done[: -self.config.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def latest_checkpoint(self) -> Path | None:
+        pointer = self.checkpoint_dir / LATEST
+        if not pointer.exists():
+            return None
+        path = self.checkpoint_dir / read_json(pointer)["path"]
+        return path if (path / TRAIN_STATE).exists() else None
+
+    def resume(self, checkpoint: Path, load_model_state: Callable[[Path], dict[str, torch.Tensor]]) -> None:
+        """Continue exactly where ``checkpoint`` stopped: same weights, moments, step, data, RNG."""
+        # weights_only: the file holds tensors, numbers and strings only; never unpickle objects.
+        state = torch.load(checkpoint / TRAIN_STATE, map_location="cpu", weights_only=True)
+        load_full_state_dicts(self.model, self.optimizer, load_model_state(checkpoint), state["optimizer"])
+        self.step = int(state["step"])
+        self.tokens_seen = int(state.get("tokens_seen", 0))
+        self.data.load_state_dict(state["data"])
+        rng = state["rng"]
+        if len(rng) == self.ctx.world_size:
+            _set_rng_state(rng[self.ctx.rank])
+        else:
+            warnings.warn(
+                f"checkpoint was written by {len(rng)} process(es), resuming with {self.ctx.world_size}: "
+                "dropout randomness restarts from the seed",
+                stacklevel=2,
+            )
+            torch.manual_seed(self.config.seed + self.ctx.rank + self.step)
+        if self.ctx.is_main:
+            _truncate_metrics(self.out_dir / "metrics.jsonl", self.step)
+
+    # The loop ------------------------------------------------------------------------------------
+
+    def fit(self) -> dict[str, float]:
+        config, ctx = self.config, self.ctx
+        if ctx.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            write_json(self.out_dir / "run_config.json", self.run_config)
+        bar = tqdm(
+            total=config.max_steps,
+            initial=self.step,
+            desc="training",
+            disable=not (config.progress and ctx.is_main),
+            dynamic_ncols=True,
+        )
+        interrupted = False
+        previous_sigterm = _raise_keyboard_interrupt_on_sigterm()
+        try:
+            while self.step < config.max_steps:
+                started = time.perf_counter()
+                loss, grad_norm, n_tokens = self._train_step()
+                elapsed = time.perf_counter() - started
+                tokens_per_s = n_tokens * ctx.world_size / max(elapsed, 1e-9)
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+                self._after_step(loss, grad_norm, tokens_per_s)
+        except KeyboardInterrupt:
+            interrupted = True
+            bar.write(f"interrupted: saving a checkpoint at step {self.step}")
+        finally:
+            bar.close()
+            signal.signal(signal.SIGTERM, previous_sigterm)
+        if self.step > 0 and not (self.latest_checkpoint() and self._latest_step() == self.step):
+            self.save_checkpoint()
+        if not interrupted and self.evaluate is not None and config.eval_every == 0:
+            self._evaluate()
+        if ctx.is_main:
+            plot_metrics(self.out_dir / "metrics.jsonl", self.out_dir / "loss.png")
+        return self.last_metrics
+
+    def _latest_step(self) -> int:
+        return int(read_json(self.checkpoint_dir / LATEST)["step"])
+
+    def _train_step(self) -> tuple[float, float, int]:
+        config, ctx = self.config, self.ctx
+        batch = self.data.next_batch()
+        micro_batches = split_micro_batches(batch, self.micro_batch_size)
+        lr = learning_rate(self.step, config.lr, config.warmup_steps, config.max_steps, config.schedule)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.forward.train()
+        total_loss = torch.zeros((), device=ctx.device)
+        n_tokens = 0
+        for i, micro in enumerate(micro_batches):
+            micro = {k: v.to(ctx.device, non_blocking=True) for k, v in micro.items()}
+            n_tokens += micro["input_ids"].numel()
+            with gradient_sync(self.model, sync=i == len(micro_batches) - 1):
+                with autocast(config.precision, ctx.device):
+                    loss = self.forward(**micro).loss / len(micro_batches)
+                loss.backward()
+            total_loss += loss.detach().float()
+        total_loss = ctx.all_reduce_mean(total_loss)
+        if config.grad_clip > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)
+        else:
+            grad_norm = torch.zeros(())
+        loss_value, norm_value = float(total_loss), float(grad_norm)
+        if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
+            message = f"step {self.step + 1}: loss is {loss_value}, gradient norm is {norm_value}"
+            self.optimizer.zero_grad(set_to_none=True)
+            if config.on_nonfinite == "stop":
+                raise NonFiniteLossError(
+                    f"{message}; stopping (the last checkpoint is intact). Lower --lr, or pass "
+                    "--on-nonfinite skip to skip such updates"
+                )
+            warnings.warn(f"{message}; skipping this update", stacklevel=2)
+        else:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.tokens_seen += n_tokens * ctx.world_size
+        return loss_value, norm_value, n_tokens
+
+    def _after_step(self, loss: float, grad_norm: float, tokens_per_s: float) -> None:
+        config = self.config
+        last = self.step == config.max_steps
+        record = None
+        if self.step % config.log_every == 0 or last or self.step == 1:
+            record = {
+                "step": self.step,
+                "loss": loss,
+                "lr": self.optimizer.param_groups[0]["lr"],
+                "grad_norm": grad_norm,
+                "tokens_per_s": tokens_per_s,
+                "tokens_seen": self.tokens_seen,
+            }
+        if self.evaluate is not None and config.eval_every and (self.step % config.eval_every == 0 or last):
+            record = {**(record or {"step": self.step}), **self._evaluate()}
+        if record is not None and self.ctx.is_main:
+            _append_jsonl(self.out_dir / "metrics.jsonl", record)
+        if self.step % config.checkpoint_every == 0 or last:
+            self.save_checkpoint()
+            if self.ctx.is_main:
+                plot_metrics(self.out_dir / "metrics.jsonl", self.out_dir / "loss.png")
+
+    def _evaluate(self) -> dict[str, float]:
+        was_training = self.model.training
+        self.model.eval()
+        with torch.no_grad(), autocast(self.config.precision, self.ctx.device):
+            metrics = self.evaluate(self.model)
+        self.model.train(was_training)
+        self.last_metrics = metrics
+        return metrics
+
+
+def _rng_state() -> dict[str, torch.Tensor]:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _raise_keyboard_interrupt_on_sigterm():
+    """A scheduler's SIGTERM saves a checkpoint like Ctrl-C does."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        return signal.getsignal(signal.SIGTERM)
+
+
+def _append_jsonl(path: Path, record: dict) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """On resume, forget records past the checkpoint: they will be written again."""
+    records = [r for r in read_metrics(path) if r["step"] <= step]
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    from gptkit.checkpoint import atomic_write
+
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def plot_metrics(metrics_path: Path, png_path: Path) -> None:
+    """Training (and validation) loss against step, as a PNG. Skipped if matplotlib is missing."""
+    records = read_metrics(metrics_path)
+    if not records:
+        return
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    train = [(r["step"], r["loss"]) for r in records if "loss" in r]
+    if train:
+        ax.plot(*zip(*train), label="train loss", linewidth=1)
+    for key in ("val_loss", "dev_loss"):
+        points = [(r["step"], r[key]) for r in records if key in r]
+        if points:
+            ax.plot(*zip(*points), "o-", label=key.replace("_", " "))
+    ax.set_xlabel("update")
+    ax.set_ylabel("cross-entropy (nats / token)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    from gptkit.checkpoint import atomic_write
+
+    atomic_write(png_path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    plt.close(fig)

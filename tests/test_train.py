@@ -1,0 +1,323 @@
+"""Pre-training: data shards, the schedule, exact resume, non-finite losses, DDP against one process."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gptkit import GPT, GPTConfig
+from gptkit.checkpoint import read_state_dict, save_state_dict
+from gptkit.data.shards import TokenShard, WindowSampler, prepare
+from gptkit.tokenizer import Tokenizer
+from gptkit.train.loop import NonFiniteLossError, TrainConfig, Trainer, read_metrics
+from gptkit.train.optim import build_optimizer, learning_rate
+from gptkit.train.pretrain import PretrainBatches, make_evaluator
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def shards(data_dir, tmp_path_factory) -> Path:
+    """About 60k GPT-2 tokens of Alice in Wonderland, prepared once for this module."""
+    out = tmp_path_factory.mktemp("shards")
+    prepare(
+        data_dir / "gpt2_bpe",
+        [data_dir / "gutenberg" / "pg11.txt"],
+        out,
+        val_fraction=0.1,
+        show_progress=False,
+    )
+    return out
+
+
+def small_model(vocab: int = 50257, dropout: float = 0.1) -> GPT:
+    torch.manual_seed(0)
+    return GPT(
+        GPTConfig(vocab_size=vocab, context_length=32, n_layer=2, n_head=2, d_model=32, dropout=dropout)
+    )
+
+
+# Data -------------------------------------------------------------------------------------------
+
+
+def test_prepare_writes_tokens_that_decode_to_the_corpus(shards, data_dir):
+    meta = json.loads((shards / "meta.json").read_text())
+    assert meta["dtype"] == "uint16" and meta["tokenizer_style"] == "bytelevel"
+    train, val = TokenShard.open(shards, "train"), TokenShard.open(shards, "val")
+    assert len(train.tokens) == meta["counts"]["train"] and len(val.tokens) == meta["counts"]["val"]
+    assert 0.05 < len(val.tokens) / (len(train.tokens) + len(val.tokens)) < 0.15
+    tokenizer = Tokenizer.from_pretrained(shards / "tokenizer")
+    text = (data_dir / "gutenberg" / "pg11.txt").read_text(encoding="utf-8").replace("\r\n", "\n")
+    decoded = tokenizer.decode(train.tokens[:2000].tolist())
+    assert text.startswith(decoded[:-5])
+    assert train.tokens[-1] == tokenizer.special_tokens["<|endoftext|>"]  # the document's end
+
+
+def test_prepare_jsonl_and_bad_rows(data_dir, tmp_path):
+    good = tmp_path / "docs.jsonl"
+    good.write_text("\n".join(json.dumps({"text": f"document number {i}."}) for i in range(20)) + "\n")
+    meta = prepare(
+        data_dir / "gpt2_bpe",
+        [good],
+        tmp_path / "out",
+        val_fraction=0.25,
+        jsonl_field="text",
+        show_progress=False,
+    )
+    per_doc = len(Tokenizer.from_pretrained(data_dir / "gpt2_bpe").encode("document number 1.")) + 1
+    assert meta["counts"] == {"train": 15 * per_doc, "val": 5 * per_doc}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"body": "no text field"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl, line 2: no field 'text'"):
+        prepare(data_dir / "gpt2_bpe", [bad], tmp_path / "out2", jsonl_field="text", show_progress=False)
+    with pytest.raises(FileNotFoundError, match="missing.txt"):
+        prepare(data_dir / "gpt2_bpe", [tmp_path / "missing.txt"], tmp_path / "out3", show_progress=False)
+
+
+def test_windows_are_drawn_without_replacement_and_shared_across_ranks(shards):
+    shard = TokenShard.open(shards, "train")
+    sampler = WindowSampler(shard, context=32, batch_size=8, seed=1)
+    n_batches = sampler.n_windows // 8
+    seen = [tuple(w.tolist()) for _ in range(n_batches) for w in sampler.next_batch()]
+    all_windows = {tuple(shard.window(i, 32).tolist()) for i in range(sampler.n_windows)}
+    assert len(set(seen)) == len(seen) == n_batches * 8  # no window twice in an epoch
+    assert set(seen) <= all_windows
+    # Two ranks take the two halves of the same global batch.
+    whole = WindowSampler(shard, 32, 8, seed=5).next_batch()
+    halves = [WindowSampler(shard, 32, 8, seed=5, rank=r, world_size=2).next_batch() for r in (0, 1)]
+    assert torch.equal(torch.cat(halves), whole)
+
+
+def test_schedule_and_weight_decay_groups():
+    assert learning_rate(0, 1.0, 10, 110, "cosine") == pytest.approx(0.1)
+    assert learning_rate(9, 1.0, 10, 110, "cosine") == pytest.approx(1.0)
+    assert learning_rate(60, 1.0, 10, 110, "cosine") == pytest.approx(0.5)  # halfway down the cosine
+    assert learning_rate(110, 1.0, 10, 110, "cosine") == pytest.approx(0.0, abs=1e-12)
+    assert learning_rate(60, 1.0, 10, 110, "linear") == pytest.approx(0.5)
+    model = small_model(vocab=100)
+    decay, no_decay = build_optimizer(model, 1e-3, 0.01).param_groups
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+# The loop ---------------------------------------------------------------------------------------
+
+
+class InterruptAt:
+    """A batch source that presses Ctrl-C when asked for batch number ``at``."""
+
+    def __init__(self, source, at: int):
+        self.source, self.at, self.calls = source, at, 0
+
+    def next_batch(self):
+        self.calls += 1
+        if self.calls == self.at:
+            raise KeyboardInterrupt
+        return self.source.next_batch()
+
+    def state_dict(self):
+        return self.source.state_dict()
+
+    def load_state_dict(self, state):
+        self.source.load_state_dict(state)
+
+
+def make_trainer(shards, out_dir, config, model=None, interrupt_at=None):
+    model = model or small_model()
+    shard = TokenShard.open(shards, "train")
+    data = PretrainBatches(WindowSampler(shard, 32, config.batch_size, config.seed))
+    if interrupt_at:
+        data = InterruptAt(data, interrupt_at)
+    evaluate = make_evaluator(TokenShard.open(shards, "val"), 32, 8, 4, torch.device("cpu"))
+    return Trainer(
+        model,
+        config,
+        data,
+        out_dir,
+        save_model=lambda d, s: save_state_dict(model.config, s, d),
+        evaluate=evaluate,
+    ), model
+
+
+def loop_config(**overrides) -> TrainConfig:
+    values = dict(
+        max_steps=8,
+        batch_size=8,
+        micro_batch_size=4,
+        lr=3e-3,
+        warmup_steps=2,
+        eval_every=4,
+        checkpoint_every=3,
+        log_every=1,
+        progress=False,
+        seed=7,
+    )
+    return TrainConfig(**{**values, **overrides})
+
+
+def test_loss_falls_and_files_are_written(shards, tmp_path):
+    trainer, _ = make_trainer(shards, tmp_path, loop_config(max_steps=30, eval_every=10))
+    trainer.fit()
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    losses = [r["loss"] for r in records if "loss" in r]
+    assert losses[-1] < losses[0] - 1.0
+    val = [r["val_loss"] for r in records if "val_loss" in r]
+    assert len(val) == 3 and val[-1] < val[0] - 0.5 and val[-1] < math.log(50257) - 1.0  # below uniform
+    assert (tmp_path / "loss.png").stat().st_size > 1000
+    assert json.loads((tmp_path / "checkpoints" / "latest.json").read_text())["step"] == 30
+
+
+def test_interrupted_and_resumed_run_matches_uninterrupted(shards, tmp_path):
+    """Ctrl-C after step 5 saves a checkpoint; resuming gives the same losses, dropout included."""
+    straight, _ = make_trainer(shards, tmp_path / "a", loop_config())
+    straight.fit()
+    expected = [r["loss"] for r in read_metrics(tmp_path / "a" / "metrics.jsonl") if "loss" in r]
+
+    first, _ = make_trainer(shards, tmp_path / "b", loop_config(), interrupt_at=6)
+    first.fit()
+    assert json.loads((tmp_path / "b" / "checkpoints" / "latest.json").read_text())["step"] == 5
+    torch.manual_seed(12345)  # a fresh process would not share the first run's RNG
+    second, _ = make_trainer(shards, tmp_path / "b", loop_config(), model=small_model())
+    second.resume(second.latest_checkpoint(), read_state_dict)
+    second.fit()
+    resumed = [r["loss"] for r in read_metrics(tmp_path / "b" / "metrics.jsonl") if "loss" in r]
+    assert len(resumed) == len(expected) == 8
+    assert resumed == pytest.approx(expected, abs=1e-6)
+
+
+class NaNAfter(torch.nn.Module):
+    """Wraps a GPT; its loss turns NaN from forward call ``at`` on."""
+
+    def __init__(self, gpt, at):
+        super().__init__()
+        self.gpt, self.at, self.calls = gpt, at, 0
+
+    def forward(self, **batch):
+        out = self.gpt(**batch)
+        self.calls += 1
+        if self.calls >= self.at:
+            out.loss = out.loss * float("nan")
+        return out
+
+
+def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_good_checkpoint(shards, tmp_path):
+    gpt = small_model()
+    model = NaNAfter(gpt, at=2 * 4 + 1)  # 2 micro-batches a step: step 5 is the first bad one
+    trainer, _ = make_trainer(shards, tmp_path, loop_config(checkpoint_every=2), model=model)
+    trainer.save_model = lambda d, s: save_state_dict(
+        gpt.config, {k.removeprefix("gpt."): v for k, v in s.items()}, d
+    )
+    with pytest.raises(NonFiniteLossError, match="step 5: loss is nan"):
+        trainer.fit()
+    latest = trainer.latest_checkpoint()
+    assert latest.name == "step-0000004"
+    assert all(torch.isfinite(t).all() for t in read_state_dict(latest).values())
+
+
+def test_nonfinite_loss_can_be_skipped(shards, tmp_path):
+    gpt = small_model()
+    model = NaNAfter(gpt, at=2 * 6 + 1)
+    trainer, _ = make_trainer(shards, tmp_path, loop_config(on_nonfinite="skip", eval_every=0), model=model)
+    trainer.save_model = lambda d, s: save_state_dict(
+        gpt.config, {k.removeprefix("gpt."): v for k, v in s.items()}, d
+    )
+    with pytest.warns(UserWarning, match="step 7: loss is nan.*skipping"):
+        trainer.fit()
+    assert trainer.step == 8
+    assert all(torch.isfinite(p).all() for p in gpt.parameters())
+
+
+# Command line and processes ---------------------------------------------------------------------
+
+
+def run_pretrain(shards, out, *extra, nproc=1):
+    args = [
+        "--data",
+        str(shards),
+        "--out",
+        str(out),
+        "--preset",
+        "tiny",
+        "--context",
+        "32",
+        "--dropout",
+        "0",
+        "--batch-size",
+        "8",
+        "--micro-batch-size",
+        "2",
+        "--max-steps",
+        "6",
+        "--warmup-steps",
+        "2",
+        "--lr",
+        "1e-3",
+        "--log-every",
+        "1",
+        "--eval-every",
+        "3",
+        "--checkpoint-every",
+        "3",
+        "--no-progress",
+        *extra,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if nproc == 1:
+        cmd = [sys.executable, "-m", "gptkit", "pretrain", *args]
+    else:
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+            "-m",
+            "gptkit",
+            "pretrain",
+            *args,
+        ]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return [r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
+
+
+def test_two_processes_match_one_process(shards, tmp_path):
+    """torchrun with 2 CPU processes (DDP, gloo, no_sync accumulation) = 1 process, same global batch."""
+    single = run_pretrain(shards, tmp_path / "one")
+    double = run_pretrain(shards, tmp_path / "two", nproc=2)
+    assert len(single) == len(double) == 6
+    assert double == pytest.approx(single, abs=1e-5)
+    # The model each wrote is the same model.
+    a, b = GPT.from_pretrained(tmp_path / "one"), GPT.from_pretrained(tmp_path / "two")
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_cli_config_file_resume_and_outputs(shards, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("train:\n  weight_decay: 0.05\n  seed: 3\n")
+    out = tmp_path / "run"
+    losses = run_pretrain(shards, out, "--config", str(config))
+    resolved = json.loads((out / "run_config.json").read_text())
+    assert resolved["train"]["weight_decay"] == 0.05 and resolved["train"]["seed"] == 3
+    for name in ("config.json", "model.safetensors", "encoder.json", "loss.png"):
+        assert (out / name).exists(), name
+    assert GPT.from_pretrained(out).config.context_length == 32
+    again = subprocess.run(
+        [sys.executable, "-m", "gptkit", "pretrain", "--data", str(shards), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert again.returncode == 2 and "already holds a run: pass --resume" in again.stderr
+    assert all(math.isfinite(x) for x in losses)
+    assert np.isfinite(np.asarray(losses)).all()
