@@ -1,0 +1,130 @@
+"""Decoding: the KV cache against full recomputation and transformers; sampling sets by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gptkit import GPT, GPTConfig, KVCache, generate
+from gptkit.generate import process_logits
+from gptkit.textgen import generate_text, stream_text
+from gptkit.tokenizer import Tokenizer
+
+
+def tiny(ln_position: str) -> GPT:
+    config = GPTConfig.from_preset("tiny", ln_position=ln_position, dropout=0.0)
+    return GPT(config).eval()
+
+
+@pytest.mark.parametrize("ln_position", ["post", "pre"])
+def test_cached_decoding_equals_full_recomputation(ln_position):
+    model = tiny(ln_position)
+    prompt = torch.randint(0, 512, (2, 7))
+    with torch.no_grad():
+        cache = KVCache(model.config, 2, 30)
+        logits = model(prompt, cache=cache).logits[:, -1]
+        sequence = prompt
+        for _ in range(20):
+            full = model(sequence).logits[:, -1]  # no cache: the whole sequence again
+            torch.testing.assert_close(logits, full, atol=1e-4, rtol=0)
+            next_ids = logits.argmax(-1, keepdim=True)
+            sequence = torch.cat([sequence, next_ids], dim=1)
+            logits = model(next_ids, cache=cache).logits[:, -1]
+    assert torch.equal(generate(model, prompt, 20), sequence)
+    assert torch.equal(generate(model, prompt, 20, use_cache=False), sequence)
+
+
+def test_greedy_ids_equal_transformers_gpt2(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(
+        vocab_size=97, n_positions=64, n_embd=32, n_layer=2, n_head=4, bos_token_id=None, eos_token_id=None
+    )
+    reference = transformers.GPT2LMHeadModel(config).eval()
+    reference.save_pretrained(tmp_path)
+    ours = GPT.from_pretrained(tmp_path)
+    prompt = torch.randint(0, 97, (3, 9))
+    expected = reference.generate(
+        prompt, max_new_tokens=30, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(prompt)
+    )
+    assert torch.equal(ours.generate(prompt, 30), expected)
+
+
+def test_left_padded_batch_equals_one_at_a_time():
+    model = tiny("pre")
+    short, long = torch.randint(0, 512, (1, 4)), torch.randint(0, 512, (1, 9))
+    batch = torch.cat([torch.cat([torch.zeros(1, 5, dtype=torch.long), short], 1), long])
+    mask = torch.tensor([[0] * 5 + [1] * 4, [1] * 9])
+    out = generate(model, batch, 12, attention_mask=mask)
+    assert torch.equal(out[0, 5:], generate(model, short, 12)[0])
+    assert torch.equal(out[1], generate(model, long, 12)[0])
+
+
+def test_top_k_and_top_p_never_sample_outside_the_allowed_set():
+    probs = torch.tensor([[0.05, 0.5, 0.1, 0.2, 0.15]])
+    logits = probs.log()
+    generator = torch.Generator().manual_seed(0)
+
+    def sample(**kwargs) -> set[int]:
+        p = process_logits(logits, **kwargs).softmax(-1)
+        return set(torch.multinomial(p.expand(4000, -1), 1, generator=generator).flatten().tolist())
+
+    assert sample(top_k=2) == {1, 3}  # the two largest
+    # Nucleus by hand: sorted 0.5 (id 1), 0.2 (id 3) reach 0.7 ≥ top_p; id 4 would start past it.
+    assert sample(top_p=0.7) == {1, 3}
+    assert sample(top_p=0.71) == {1, 3, 4}
+    assert sample(top_p=0.3) == {1}
+    assert sample(top_k=3, top_p=0.6) == {1, 3}
+    assert sample() == {0, 1, 2, 3, 4}
+
+
+def test_temperature_and_repetition_penalty_by_hand():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 4.0]])
+    torch.testing.assert_close(process_logits(logits, temperature=2.0), logits / 2)
+    penalised = process_logits(logits, repetition_penalty=2.0, previous_ids=torch.tensor([[0, 1]]))
+    torch.testing.assert_close(penalised, torch.tensor([[1.0, -2.0, 0.5, 4.0]]))
+
+
+def test_sampling_is_reproducible_with_a_seed_and_low_temperature_is_greedy():
+    model = tiny("post")
+    prompt = torch.randint(0, 512, (1, 5))
+
+    def sampled(seed, **kwargs):
+        return generate(
+            model, prompt, 15, do_sample=True, generator=torch.Generator().manual_seed(seed), **kwargs
+        )
+
+    assert torch.equal(sampled(3), sampled(3))
+    assert not torch.equal(sampled(3), sampled(4))
+    assert torch.equal(sampled(3, temperature=1e-4), generate(model, prompt, 15))
+
+
+def test_end_token_stops_rows_and_pads_them():
+    model = tiny("pre")
+    prompt = torch.randint(0, 512, (2, 4))
+    greedy = generate(model, prompt, 10)
+    first_new = int(greedy[0, 4])
+    out = generate(model, prompt, 10, eos_token_id=first_new, pad_token_id=511)
+    assert out[0, 4] == first_new and (out[0, 5:] == 511).all()
+
+
+def test_context_overflow_is_a_clear_error():
+    model = tiny("post")
+    with pytest.raises(ValueError, match="60 tokens \\+ 10 new tokens exceeds the model's context of 64"):
+        generate(model, torch.zeros(1, 60, dtype=torch.long), 10)
+
+
+def test_streamed_text_equals_generated_text_and_stops(data_dir):
+    tokenizer = Tokenizer.from_pretrained(data_dir / "gpt2_bpe")
+    config = GPTConfig(
+        vocab_size=50257, context_length=64, n_layer=1, n_head=2, d_model=16, ln_position="pre", dropout=0.0
+    )
+    model = GPT(config).eval()
+    pieces = list(stream_text(model, tokenizer, "Once upon a time", max_new_tokens=20))
+    assert len(pieces) > 1
+    [whole] = generate_text(model, tokenizer, ["Once upon a time"], max_new_tokens=20)
+    assert "".join(pieces) == whole
+    stop = whole[3:6]
+    stopped = "".join(stream_text(model, tokenizer, "Once upon a time", max_new_tokens=20, stop=[stop]))
+    assert stopped == whole[: whole.find(stop)]
+    with pytest.warns(UserWarning, match="left-truncated"):
+        list(stream_text(model, tokenizer, "word " * 100, max_new_tokens=4))
