@@ -31,8 +31,9 @@ OPENAI_SHAPES_NAME = "params_shapes.json"
 _OPENAI_GPT_NAMES = {"tokens_embed.weight": "wte.weight", "positions_embed.weight": "wpe.weight"}
 # Both HF models store projections as Conv1D, whose weight is the transpose of nn.Linear's.
 _CONV1D_WEIGHT = re.compile(r"^h\.\d+\.(attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.weight$")
-# Buffers and tied copies that some published checkpoints carry and that hold no parameters.
-_SKIPPED = re.compile(r"(^lm_head\.weight$|\.attn\.bias$|\.attn\.masked_bias$)")
+# Buffers and tied copies that some published checkpoints carry, and the task head of HF's
+# double-heads models: none is part of the language model.
+_SKIPPED = re.compile(r"(^lm_head\.weight$|\.attn\.bias$|\.attn\.masked_bias$|^multiple_choice_head\.)")
 
 # Our activation names against each HF model's.
 _OPENAI_AFN = {"gelu_tanh": "gelu", "relu": "relu"}  # HF openai-gpt's "gelu" is the tanh form
@@ -202,6 +203,9 @@ def state_dict_from_hf(config: GPTConfig, hf_state: dict[str, torch.Tensor]) -> 
         if _CONV1D_WEIGHT.match(name):
             tensor = tensor.t()
         ours[name] = tensor
+    if "wte.weight" not in ours and "lm_head.weight" in hf_state:
+        # Tied weights are saved once, under either name: some models keep only the output layer's.
+        ours["wte.weight"] = hf_state["lm_head.weight"]
     if config.position_encoding == "sinusoidal":
         ours.pop("wpe.weight", None)  # the table is recomputed, never learned
     return ours

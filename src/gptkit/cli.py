@@ -173,6 +173,46 @@ def cmd_pretrain(args) -> None:
     print(json.dumps({"out": config.out, **metrics}))
 
 
+def cmd_finetune(args) -> None:
+    from gptkit.train.finetune import FINETUNE_DEFAULTS, FinetuneConfig, finetune
+    from gptkit.train.loop import TrainConfig
+
+    ft_values, train_values = _split_file_values(read_config_file(args.config), FinetuneConfig, TrainConfig)
+    config = dataclass_from_args(FinetuneConfig, args, ft_values)
+    train = dataclass_from_args(TrainConfig, args, {**FINETUNE_DEFAULTS, **train_values})
+    print(json.dumps(finetune(config, train)))
+
+
+def _labelled_examples(args):
+    from gptkit.data.readers import parse_columns, read_dataset, read_table
+    from gptkit.train.finetune import TASK_NAME
+
+    if args.dataset:
+        return read_dataset(args.dataset, args.split, args.data_dir)
+    if not args.data:
+        raise ValueError("give --data FILE or --dataset NAME")
+    from gptkit.checkpoint import read_json
+
+    task = read_json(Path(args.model) / TASK_NAME)["spec"]["task"]
+    return read_table(args.data, task, parse_columns(args.columns))
+
+
+def cmd_evaluate(args) -> None:
+    from gptkit.train.finetune import evaluate_model
+
+    print(json.dumps(evaluate_model(args.model, _labelled_examples(args), args.batch_size)))
+
+
+def cmd_predict(args) -> None:
+    from gptkit.checkpoint import atomic_write
+    from gptkit.train.finetune import predict
+
+    records = predict(args.model, _labelled_examples(args), args.batch_size)
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    atomic_write(args.out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    print(f"wrote {len(records)} predictions to {args.out}")
+
+
 def cmd_generate(args) -> None:
     from gptkit.textgen import load_for_generation, stream_text
 
@@ -260,6 +300,30 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataclass_arguments(p, PretrainConfig)
     add_dataclass_arguments(p, TrainConfig)
     p.set_defaults(func=cmd_pretrain)
+
+    from gptkit.train.finetune import FinetuneConfig
+
+    p = commands.add_parser("finetune", help="Fine-tune on a labelled task (L3 = L2 + λ·L1).")
+    p.add_argument("--config", help="YAML or JSON file of the fields below.")
+    add_dataclass_arguments(p, FinetuneConfig)
+    add_dataclass_arguments(p, TrainConfig)
+    p.set_defaults(func=cmd_finetune)
+
+    for name, func, text in (
+        ("evaluate", cmd_evaluate, "Print a fine-tuned model's metrics on labelled data as JSON."),
+        ("predict", cmd_predict, "Write one JSON prediction per input row."),
+    ):
+        p = commands.add_parser(name, help=text)
+        p.add_argument("--model", required=True, help="Directory written by `gptkit finetune`.")
+        p.add_argument("--data", help="CSV/TSV/JSONL file.")
+        p.add_argument("--columns", help="field=column,... as for finetune.")
+        p.add_argument("--dataset", help="Or a public dataset by name.")
+        p.add_argument("--split", default="dev")
+        p.add_argument("--data-dir", default="data")
+        p.add_argument("--batch-size", type=int, default=64)
+        if name == "predict":
+            p.add_argument("--out", required=True, help="Output JSONL file.")
+        p.set_defaults(func=func)
 
     p = commands.add_parser("generate", help="Generate text from a prompt, printing as it goes.")
     p.add_argument("--model", required=True)

@@ -47,13 +47,19 @@ TRAIN_STATE = "train_state.pt"
 class TrainConfig:
     """Optimisation settings. Defaults are GPT-1's pre-training (§4.1)."""
 
-    max_steps: int = field(default=100_000, metadata={"help": "Optimizer updates to run."})
+    max_steps: int | None = field(
+        default=100_000,
+        metadata={"help": "Optimizer updates to run (fine-tuning: epochs × batches by default)."},
+    )
     batch_size: int = field(default=64, metadata={"help": "Global batch, in sequences, per update."})
     micro_batch_size: int | None = field(
         default=None, metadata={"help": "Sequences per forward pass; the rest is gradient accumulation."}
     )
     lr: float = field(default=2.5e-4, metadata={"help": "Maximum learning rate."})
-    warmup_steps: int = field(default=2000, metadata={"help": "Linear warm-up updates from 0."})
+    warmup_steps: int | None = field(
+        default=2000,
+        metadata={"help": "Linear warm-up updates from 0 (fine-tuning: 0.2% of training by default)."},
+    )
     schedule: Literal["cosine", "linear", "constant"] = field(
         default="cosine", metadata={"help": "Decay after warm-up, to 0 at max_steps."}
     )
@@ -64,8 +70,13 @@ class TrainConfig:
     grad_clip: float = field(default=1.0, metadata={"help": "Global gradient-norm clip (0 disables)."})
     precision: Literal["fp32", "bf16"] = field(default="fp32", metadata={"help": "bf16 runs under autocast."})
     compile: bool = field(default=False, metadata={"help": "torch.compile the model."})
-    eval_every: int = field(default=500, metadata={"help": "Evaluate every N updates (0: only at the end)."})
-    checkpoint_every: int = field(default=1000, metadata={"help": "Checkpoint every N updates."})
+    eval_every: int | None = field(
+        default=500,
+        metadata={"help": "Evaluate every N updates (0: only at the end; fine-tuning: every epoch)."},
+    )
+    checkpoint_every: int | None = field(
+        default=1000, metadata={"help": "Checkpoint every N updates (fine-tuning: every epoch)."}
+    )
     log_every: int = field(default=10, metadata={"help": "Write metrics.jsonl every N updates."})
     keep_checkpoints: int = field(default=2, metadata={"help": "How many recent checkpoints to keep."})
     seed: int = field(default=1337, metadata={"help": "Seed for init, data order and dropout."})

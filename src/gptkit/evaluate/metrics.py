@@ -1,0 +1,72 @@
+"""Task metrics: accuracy, F1, Matthews correlation, Pearson and Spearman correlation."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def accuracy(predictions: Sequence[int], targets: Sequence[int]) -> float:
+    return sum(p == t for p, t in zip(predictions, targets)) / max(len(targets), 1)
+
+
+def f1(predictions: Sequence[int], targets: Sequence[int], positive: int = 1) -> float:
+    tp = sum(p == positive and t == positive for p, t in zip(predictions, targets))
+    fp = sum(p == positive and t != positive for p, t in zip(predictions, targets))
+    fn = sum(p != positive and t == positive for p, t in zip(predictions, targets))
+    return 2 * tp / (2 * tp + fp + fn) if tp else 0.0
+
+
+def matthews_corrcoef(predictions: Sequence[int], targets: Sequence[int], positive: int = 1) -> float:
+    tp = sum(p == positive and t == positive for p, t in zip(predictions, targets))
+    tn = sum(p != positive and t != positive for p, t in zip(predictions, targets))
+    fp = sum(p == positive and t != positive for p, t in zip(predictions, targets))
+    fn = sum(p != positive and t == positive for p, t in zip(predictions, targets))
+    denominator = math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    return (tp * tn - fp * fn) / denominator if denominator else 0.0
+
+
+def pearson(xs: Sequence[float], ys: Sequence[float]) -> float:
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    cov = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    sx = math.sqrt(sum((x - mx) ** 2 for x in xs))
+    sy = math.sqrt(sum((y - my) ** 2 for y in ys))
+    return cov / (sx * sy) if sx and sy else 0.0
+
+
+def _ranks(values: Sequence[float]) -> list[float]:
+    """1-based ranks, ties sharing their average rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def spearman(xs: Sequence[float], ys: Sequence[float]) -> float:
+    return pearson(_ranks(xs), _ranks(ys))
+
+
+def classification_metrics(
+    predictions: Sequence[int], targets: Sequence[int], n_classes: int
+) -> dict[str, float]:
+    out = {"accuracy": accuracy(predictions, targets)}
+    if n_classes == 2:
+        out["f1"] = f1(predictions, targets)
+        out["mcc"] = matthews_corrcoef(predictions, targets)
+    return out
+
+
+def regression_metrics(predictions: Sequence[float], targets: Sequence[float]) -> dict[str, float]:
+    return {
+        "pearson": pearson(predictions, targets),
+        "spearman": spearman(predictions, targets),
+        "mse": sum((p - t) ** 2 for p, t in zip(predictions, targets)) / max(len(targets), 1),
+    }

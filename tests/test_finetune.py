@@ -1,0 +1,257 @@
+"""Fine-tuning: input layouts by hand, the heads and L3 against separate computations and
+transformers' double-heads model, the dataset readers, and a run end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gptkit import GPT, GPTConfig
+from gptkit.data.readers import DataError, Example, read_dataset, read_table
+from gptkit.data.tasks import TaskSpec, build_sequences, collate, encode_examples, fit_segments
+from gptkit.train.finetune import (
+    FinetuneConfig,
+    TaskModel,
+    evaluate_model,
+    finetune,
+    finetune_train_config,
+    predict,
+    reinitialize_blocks,
+)
+
+SPECIALS = {"_start_": 100, "_delimiter_": 101, "_classify_": 102}
+WORDS = {w: i for i, w in enumerate("the cat sat on a mat dog ran far away yes no".split())}
+
+
+def encode(text: str) -> list[int]:
+    return [WORDS[w.strip('"')] for w in text.split()]
+
+
+def test_input_transformations_token_layouts():
+    s, d, e = 100, 101, 102
+    cat, sat = WORDS["cat"], WORDS["sat"]
+    assert build_sequences("classification", {"text": [cat, sat]}, SPECIALS, 16) == [[s, cat, sat, e]]
+    assert build_sequences("entailment", {"premise": [cat], "hypothesis": [sat]}, SPECIALS, 16) == [
+        [s, cat, d, sat, e]
+    ]
+    assert build_sequences("similarity", {"text_a": [cat], "text_b": [sat, sat]}, SPECIALS, 16) == [
+        [s, cat, d, sat, sat, e],
+        [s, sat, sat, d, cat, e],
+    ]
+    assert build_sequences(
+        "multiple_choice", {"context": [cat, cat], "choices": [[sat], [1, 2]]}, SPECIALS, 16
+    ) == [[s, cat, cat, d, sat, e], [s, cat, cat, d, 1, 2, e]]
+
+
+def test_truncation_cuts_the_longest_segment_from_its_end():
+    assert fit_segments([[1, 2, 3, 4, 5, 6], [7, 8]], 5) == [[1, 2, 3], [7, 8]]
+    assert fit_segments([[1, 2, 3], [4, 5, 6]], 4) == [[1, 2], [4, 5]]
+    seqs = build_sequences("entailment", {"premise": list(range(50)), "hypothesis": [7, 8]}, SPECIALS, 10)
+    assert seqs == [[100, 0, 1, 2, 3, 4, 101, 7, 8, 102]] and len(seqs[0]) == 10
+
+
+def tiny_gpt(vocab=103, **overrides) -> GPT:
+    torch.manual_seed(0)
+    return GPT(
+        GPTConfig(
+            vocab_size=vocab, context_length=32, n_layer=2, n_head=2, d_model=16, dropout=0.0, **overrides
+        )
+    ).eval()
+
+
+def test_similarity_head_adds_the_two_orders():
+    gpt = tiny_gpt()
+    model = TaskModel(
+        gpt, TaskSpec("similarity", labels=["0", "1"], specials=SPECIALS), clf_dropout=0.0
+    ).eval()
+    example = Example({"text_a": "the cat sat", "text_b": "a dog ran far"}, "1")
+    [encoded], _ = encode_examples([example], model.spec, encode)
+    batch = collate([encoded])
+    logits = model(batch["input_ids"], batch["clf_positions"]).logits
+    # By hand: run each order alone, take h_n at its <e>, add, apply W_y.
+    h = [gpt(torch.tensor([seq])).hidden_states[0, -1] for seq in encoded.sequences]
+    torch.testing.assert_close(logits[0], model.head(h[0] + h[1]), atol=1e-5, rtol=1e-5)
+
+
+def test_l3_is_l2_plus_lambda_l1():
+    gpt = tiny_gpt()
+    spec = TaskSpec("classification", labels=["no", "yes"], specials=SPECIALS)
+    model = TaskModel(gpt, spec, clf_dropout=0.0, lm_coef=0.5).eval()
+    examples = [Example({"text": "the cat sat on a mat"}, "yes"), Example({"text": "a dog ran"}, "no")]
+    encoded, _ = encode_examples(examples, spec, encode)
+    batch = collate(encoded)
+    out = model(**batch)
+    # L2 by hand: cross-entropy of W_y·h_n at <e>.
+    h = [gpt(torch.tensor([e.sequences[0]])).hidden_states[0, -1] for e in encoded]
+    clf_logits = model.head(torch.stack(h))
+    l2 = F.cross_entropy(clf_logits, torch.tensor([1, 0]))
+    # L1 by hand: next-token log-likelihood over every real token of both sequences (no padding).
+    nll, count = 0.0, 0
+    for e in encoded:
+        seq = torch.tensor([e.sequences[0]])
+        log_probs = gpt(seq).logits[0].log_softmax(-1)
+        for i in range(seq.size(1) - 1):
+            nll -= log_probs[i, seq[0, i + 1]]
+            count += 1
+    l1 = nll / count
+    torch.testing.assert_close(out.clf_loss, l2, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.lm_loss, l1, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.loss, l2 + 0.5 * l1, atol=1e-5, rtol=1e-5)
+    model.lm_coef = 0.0
+    torch.testing.assert_close(model(**batch).loss, l2, atol=1e-5, rtol=1e-5)
+
+
+def test_multiple_choice_scores_equal_transformers_double_heads(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.OpenAIGPTConfig(vocab_size=103, n_positions=32, n_embd=16, n_layer=2, n_head=2)
+    reference = transformers.OpenAIGPTDoubleHeadsModel(config).eval()
+    reference.save_pretrained(tmp_path)
+    gpt = GPT.from_pretrained(tmp_path)
+    model = TaskModel(gpt, TaskSpec("multiple_choice", specials=SPECIALS), clf_dropout=0.0).eval()
+    with torch.no_grad():
+        model.head.weight.copy_(reference.multiple_choice_head.summary.weight)
+        model.head.bias.copy_(reference.multiple_choice_head.summary.bias)
+    examples = [
+        Example({"context": "the cat sat on", "choices": ["a mat", "a dog ran far away", "yes"]}, 0),
+        Example({"context": "a dog", "choices": ["ran", "sat on the mat", "no"]}, 2),
+    ]
+    encoded, _ = encode_examples(examples, model.spec, encode)
+    batch = collate(encoded)
+    with torch.no_grad():
+        ours = model(batch["input_ids"], batch["clf_positions"]).logits
+        theirs = reference(input_ids=batch["input_ids"], mc_token_ids=batch["clf_positions"]).mc_logits
+    assert ours.shape == (2, 3)
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
+
+
+def test_transfer_layers_keeps_only_the_first_blocks():
+    gpt = tiny_gpt()
+    before = {k: v.clone() for k, v in gpt.state_dict().items()}
+    reinitialize_blocks(gpt, 1)
+    after = gpt.state_dict()
+    assert torch.equal(after["wte.weight"], before["wte.weight"])
+    assert torch.equal(after["h.0.attn.c_attn.weight"], before["h.0.attn.c_attn.weight"])
+    assert not torch.equal(after["h.1.attn.c_attn.weight"], before["h.1.attn.c_attn.weight"])
+    with pytest.raises(ValueError, match="0..2"):
+        reinitialize_blocks(gpt, 3)
+
+
+# Readers ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name,split,count",
+    [
+        ("sst2", "train", 6920),
+        ("sst2", "dev", 872),
+        ("cola", "train", 8551),
+        ("cola", "dev", 527),
+        ("rte", "train", 2490),
+        ("rte", "dev", 277),
+        ("mrpc", "train", 3576),
+        ("mrpc", "dev", 500),
+        ("stsb", "train", 5749),
+        ("stsb", "dev", 1500),
+        ("story_cloze", "train", 1497),
+        ("story_cloze", "dev", 374),
+        ("story_cloze", "test", 1871),
+        ("mctest", "train", 1200),
+        ("mctest", "dev", 200),
+    ],
+)
+def test_public_dataset_readers(data_dir, name, split, count):
+    examples = read_dataset(name, split, data_dir)
+    assert len(examples) == count
+
+
+def test_reader_quirks(data_dir):
+    mrpc = read_dataset("mrpc", "train", data_dir)
+    assert mrpc[0].label == "1" and mrpc[0].fields["text_a"].startswith("Amrozi accused")  # BOM, CRLF
+    assert {e.label for e in mrpc} == {"0", "1"}
+    rte = read_dataset("rte", "dev", data_dir)
+    assert {e.label for e in rte} == {"entailment", "not_entailment"}
+    stsb = read_dataset("stsb", "train", data_dir)
+    assert all(0.0 <= e.label <= 5.0 for e in stsb)
+    cloze = read_dataset("story_cloze", "test", data_dir)
+    assert {e.label for e in cloze} == {0, 1} and len(cloze[0].fields["choices"]) == 2
+    assert sum(e.label == 0 for e in cloze) == 960  # AnswerRightEnding 1 → index 0
+    mc = read_dataset("mctest", "dev", data_dir)
+    assert len(mc[0].fields["choices"]) == 4 and "\\newline" not in mc[0].fields["context"]
+    assert mc[0].label == 0 and mc[1].label == 0 and mc[2].label == 2  # dev answers: A A C B
+
+
+def test_user_files_and_bad_rows(tmp_path):
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text(
+        'sentence_A\tsentence_B\tgold\nthe "cat" sat\ta dog\tyes\nthe mat\t\tno\n', encoding="utf-8"
+    )
+    columns = {"premise": "sentence_A", "hypothesis": "sentence_B", "label": "gold"}
+    examples = read_table(tsv, "entailment", columns)
+    assert examples[0].fields == {"premise": 'the "cat" sat', "hypothesis": "a dog"}
+    spec = TaskSpec("entailment", labels=["no", "yes"], specials=SPECIALS)
+    with pytest.raises(DataError, match=r"pairs.tsv, line 3: field 'hypothesis' is empty"):
+        encode_examples(examples, spec, encode)
+    encoded, skipped = encode_examples(examples, spec, encode, skip_bad_rows=True)
+    assert len(encoded) == 1 and skipped == 1
+    with pytest.raises(DataError, match=r"line 2: missing column 'premise'"):
+        read_table(tsv, "entailment", {})
+    jsonl = tmp_path / "mc.jsonl"
+    jsonl.write_text(json.dumps({"story": "the cat", "a": "sat", "b": "ran", "right": "b"}) + "\n")
+    [mc] = read_table(jsonl, "multiple_choice", {"context": "story", "choices": ["a", "b"], "label": "right"})
+    assert mc.fields["choices"] == ["sat", "ran"] and mc.label == 1
+    unknown = [Example({"text": "the cat"}, "maybe", "f.csv, line 9")]
+    with pytest.raises(
+        DataError, match=r"f.csv, line 9: field 'label' = 'maybe' is not one of the training labels"
+    ):
+        encode_examples(unknown, TaskSpec("classification", labels=["no", "yes"], specials=SPECIALS), encode)
+
+
+def test_finetune_end_to_end_from_scratch(tmp_path, data_dir):
+    """A learnable toy task from a user CSV: string labels in, string labels out."""
+    import random
+
+    rng = random.Random(0)
+    good, bad = ["wonderful", "great", "superb", "lovely"], ["awful", "dreadful", "boring", "terrible"]
+    filler = "the film was quite a story of people and places".split()
+
+    def rows(n):
+        out = ["review,sentiment"]
+        for _ in range(n):
+            positive = rng.random() < 0.5
+            words = rng.sample(filler, 5) + [rng.choice(good if positive else bad)]
+            rng.shuffle(words)
+            out.append(f"{' '.join(words)},{'pos' if positive else 'neg'}")
+        return "\n".join(out) + "\n"
+
+    (tmp_path / "train.csv").write_text(rows(256))
+    (tmp_path / "dev.csv").write_text(rows(64))
+    config = FinetuneConfig(
+        task="classification",
+        train=str(tmp_path / "train.csv"),
+        dev=str(tmp_path / "dev.csv"),
+        columns="text=review,label=sentiment",
+        tokenizer=str(data_dir / "gpt2_bpe"),
+        preset="tiny",
+        d_model=32,
+        context=32,
+        out=str(tmp_path / "run"),
+        epochs=8,
+        lm_coef=0.0,
+    )
+    train = finetune_train_config(lr=3e-3, batch_size=16, progress=False)
+    results = finetune(config, train)
+    assert results["best"]["dev_accuracy"] >= 0.9
+    run = tmp_path / "run"
+    assert json.loads((run / "task.json").read_text())["spec"]["labels"] == ["neg", "pos"]
+    dev = read_table(tmp_path / "dev.csv", "classification", {"text": "review", "label": "sentiment"})
+    metrics = evaluate_model(run, dev)
+    assert metrics["accuracy"] == pytest.approx(results["best"]["dev_accuracy"])
+    predictions = predict(run, dev)
+    assert len(predictions) == 64 and {p["label"] for p in predictions} <= {"neg", "pos"}
+    assert sum(p["label"] == e.label for p, e in zip(predictions, dev)) / 64 == pytest.approx(
+        metrics["accuracy"]
+    )
+    assert all(abs(sum(p["probabilities"].values()) - 1) < 1e-5 for p in predictions)
