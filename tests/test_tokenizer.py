@@ -181,9 +181,10 @@ def test_train_gpt1_style_bpe(data_dir, tmp_path):
     tok = train_bpe([corpus], vocab_size=800, out_dir=tmp_path, style="gpt1", show_progress=False)
     assert isinstance(tok, GPT1Tokenizer) and len(tok) == 800
     assert list(tok.special_tokens) == ["_start_", "_delimiter_", "_classify_"]
-    ids = tok.encode("Alice was beginning to get very tired")
-    assert 0 not in ids  # every symbol of ordinary text is in the learned vocabulary
-    assert tok.decode(ids) == "alice was beginning to get very tired"
+    ids = tok.encode("Alice was beginning\nto get very tired")
+    assert 0 not in ids  # unknown symbols map to 0: every symbol here is in the learned vocabulary
+    assert tok.encoder["\n</w>"] in ids  # newlines are tokens, as in the original vocabulary
+    assert tok.decode(ids) == "alice was beginning \n to get very tired"
     merges = (tmp_path / "vocab.bpe").read_text(encoding="utf-8").splitlines()
     assert merges[0].startswith("#version") and any(m.endswith("</w>") for m in merges[1:])
 

@@ -183,7 +183,8 @@ def test_interrupted_and_resumed_run_matches_uninterrupted(shards, tmp_path):
     expected = [r["loss"] for r in read_metrics(tmp_path / "a" / "metrics.jsonl") if "loss" in r]
 
     first, _ = make_trainer(shards, tmp_path / "b", loop_config(), interrupt_at=6)
-    first.fit()
+    with pytest.raises(KeyboardInterrupt, match="interrupted at step 5; checkpoint saved"):
+        first.fit()
     assert json.loads((tmp_path / "b" / "checkpoints" / "latest.json").read_text())["step"] == 5
     torch.manual_seed(12345)  # a fresh process would not share the first run's RNG
     second, _ = make_trainer(shards, tmp_path / "b", loop_config(), model=small_model())

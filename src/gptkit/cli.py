@@ -243,6 +243,86 @@ def cmd_generate(args) -> None:
         run(args.prompt)
 
 
+def cmd_perplexity(args) -> None:
+    from gptkit.evaluate.lm import perplexity
+    from gptkit.textgen import load_for_generation
+
+    model, tokenizer = load_for_generation(args.model, args.tokenizer)
+    ids = tokenizer.encode(Path(args.file).read_text(encoding="utf-8"))
+    print(json.dumps({"file": args.file, **perplexity(model, ids, stride=args.stride)}))
+
+
+_ZEROSHOT_DATASETS = {"sentiment": "sst2", "multiple_choice": "story_cloze", "acceptability": "cola"}
+
+
+def _zeroshot_once(model_dir: Path, tokenizer, args) -> dict:
+    from gptkit.data.readers import read_dataset
+    from gptkit.evaluate import lm
+    from gptkit.model import GPT
+
+    model = GPT.from_pretrained(model_dir)
+    dataset = args.dataset or _ZEROSHOT_DATASETS[args.task]
+    examples = read_dataset(dataset, args.split, args.data_dir)[: args.limit]
+    encode = tokenizer.encode
+    if args.task == "sentiment":
+        return lm.zeroshot_sentiment(
+            model, encode, [e.fields["text"] for e in examples], [e.label for e in examples]
+        )
+    if args.task == "multiple_choice":
+        return lm.zeroshot_multiple_choice(
+            model,
+            encode,
+            [e.fields["context"] for e in examples],
+            [e.fields["choices"] for e in examples],
+            [e.label for e in examples],
+        )
+    fit = read_dataset(dataset, "train", args.data_dir)[: args.limit]
+    start = (
+        [next(iter(tokenizer.special_tokens.values()))]
+        if "<|endoftext|>" in tokenizer.special_tokens
+        else encode(".")
+    )
+    return lm.zeroshot_acceptability(
+        model,
+        encode,
+        start,
+        [e.fields["text"] for e in fit],
+        [e.label for e in fit],
+        [e.fields["text"] for e in examples],
+        [e.label for e in examples],
+    )
+
+
+def cmd_zeroshot(args) -> None:
+    from gptkit.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_pretrained(args.tokenizer or args.model)
+    directories = [Path(args.model)]
+    if args.checkpoints:
+        directories = sorted(p for p in (Path(args.model) / "checkpoints").glob("step-*") if p.is_dir())
+        if not directories:
+            raise FileNotFoundError(f"{args.model}/checkpoints: no step-* checkpoints")
+    for directory in directories:
+        result = _zeroshot_once(directory, tokenizer, args)
+        step = int(directory.name.split("-")[1]) if directory.name.startswith("step-") else None
+        print(json.dumps({"task": args.task, "model": str(directory), "step": step, **result}), flush=True)
+
+
+def cmd_tradeoff(args) -> None:
+    from gptkit.evaluate.tradeoff import format_table, passages_from_text, save_report, sweep
+    from gptkit.textgen import load_for_generation
+
+    model, tokenizer = load_for_generation(args.model, args.tokenizer)
+    ids = tokenizer.encode(Path(args.prompts).read_text(encoding="utf-8"))
+    passages = passages_from_text(ids, args.prompt_tokens, args.new_tokens, args.passages)
+    temperatures = [float(t) for t in args.temperatures.split(",")]
+    top_ps = [None] + [float(p) for p in args.top_p.split(",")] if args.top_p else [None]
+    report = sweep(model, passages, temperatures, top_ps, args.samples, args.seed)
+    save_report(report, args.out)
+    print(format_table(report))
+    print(f"wrote {args.out}/tradeoff.json, tradeoff.txt, tradeoff.png")
+
+
 def cmd_demo(args) -> None:
     from gptkit.demo import run_demo
 
@@ -363,4 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, FileExistsError, ImportError) as e:
         print(f"gptkit {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:
+        print(f"gptkit {args.command}: {e or 'interrupted'}", file=sys.stderr)
+        return 130
     return 0

@@ -27,6 +27,7 @@ from gptkit.tokenizer.gpt1 import (
 )
 
 Style = Literal["gpt1", "bytelevel"]
+NEWLINE_SYMBOL = "\n" + END_OF_WORD
 
 
 def _lines(files: Sequence[str | Path], desc: str) -> Iterator[str]:
@@ -88,7 +89,13 @@ def train_bpe(
         )
         hf.train_from_iterator(_lines(files, "reading corpus"), trainer=trainer)
     elif style == "gpt1":
-        n_base = vocab_size - len(GPT1_SPECIAL_TOKENS)
+        # The newline symbol is added after training (spaCy's newline tokens cannot pass a
+        # whitespace pre-tokenizer), then the three special tokens.
+        n_base = vocab_size - len(GPT1_SPECIAL_TOKENS) - 1
+        if n_base < 2:
+            raise ValueError(
+                f"vocab_size {vocab_size} leaves no room for a vocabulary besides the special tokens"
+            )
         hf = HFTokenizer(models.BPE(end_of_word_suffix=END_OF_WORD))
         hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
         trainer = trainers.BpeTrainer(
@@ -103,6 +110,9 @@ def train_bpe(
 
     model = json.loads(hf.to_str())["model"]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    if style == "gpt1":
+        # Newlines are tokens of GPT-1's pipeline (the original vocabulary has "\n</w>" too).
+        model["vocab"].setdefault(NEWLINE_SYMBOL, len(model["vocab"]))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / "encoder.json", model["vocab"])

@@ -261,7 +261,12 @@ class Trainer:
             signal.signal(signal.SIGTERM, previous_sigterm)
         if self.step > 0 and not (self.latest_checkpoint() and self._latest_step() == self.step):
             self.save_checkpoint()
-        if not interrupted and self.evaluate is not None and config.eval_every == 0:
+        if interrupted:
+            # Saved; now let the caller stop too (the CLI exits with status 130).
+            raise KeyboardInterrupt(
+                f"interrupted at step {self.step}; checkpoint saved, continue with --resume"
+            )
+        if self.evaluate is not None and config.eval_every == 0:
             self._evaluate()
         if ctx.is_main:
             plot_metrics(self.out_dir / "metrics.jsonl", self.out_dir / "loss.png")

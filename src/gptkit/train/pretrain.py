@@ -159,8 +159,9 @@ def pretrain(config: PretrainConfig, train: TrainConfig) -> dict[str, float]:
             if checkpoint is None:
                 raise FileNotFoundError(f"--resume: no checkpoint in {out_dir / 'checkpoints'}")
             trainer.resume(checkpoint, read_state_dict)
-        metrics = trainer.fit()
-        export_latest(trainer)
-        return metrics
+        try:
+            return trainer.fit()
+        finally:
+            export_latest(trainer)  # also after Ctrl-C: the run directory holds the newest model
     finally:
         shutdown_distributed()

@@ -1,0 +1,116 @@
+"""Greedy decoding speed: new tokens/s for one 32-token prompt and 128 new tokens.
+
+(a) GPT-2-small shape: gptkit (KV cache; fp32 and bf16 weights) against GPT2LMHeadModel with its cache.
+(b) GPT-1 shape: gptkit against OpenAIGPTLMHeadModel (which recomputes the sequence every step).
+Random weights (speed does not depend on them); the token ids are checked equal in fp32.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from common import comparison, emit, median
+
+from gptkit import GPT
+
+PROMPT, NEW, REPEATS = 32, 128, 3
+
+
+def timed(fn) -> tuple[float, torch.Tensor]:
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def measure(ours_fn, peer_fn) -> tuple[float, float, torch.Tensor, torch.Tensor]:
+    ours_fn(), peer_fn()  # warm-up
+    ours_s, peer_s = [], []
+    for _ in range(REPEATS):
+        seconds, ours_out = timed(ours_fn)
+        ours_s.append(seconds)
+        seconds, peer_out = timed(peer_fn)
+        peer_s.append(seconds)
+    return NEW / median(ours_s), NEW / median(peer_s), ours_out, peer_out
+
+
+@torch.no_grad()
+def main() -> None:
+    import tempfile
+
+    import transformers
+
+    torch.manual_seed(0)
+    comparisons = []
+    with tempfile.TemporaryDirectory() as tmp:
+        # (a) GPT-2 small
+        reference = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval()
+        reference.save_pretrained(tmp)
+        ours = GPT.from_pretrained(tmp)
+        prompt = torch.randint(0, 50257, (1, PROMPT))
+        mask = torch.ones_like(prompt)
+
+        def peer():
+            return reference.generate(
+                prompt,
+                attention_mask=mask,
+                max_new_tokens=NEW,
+                min_new_tokens=NEW,
+                do_sample=False,
+                pad_token_id=50256,
+            )
+
+        ours_tps, peer_tps, ours_out, peer_out = measure(lambda: ours.generate(prompt, NEW), peer)
+        assert torch.equal(ours_out, peer_out), "greedy ids differ from transformers'"
+        name = "GPT2LMHeadModel (KV cache), fp32"
+        comparisons.append(
+            comparison("greedy new tok/s, GPT-2 small, fp32", "tok/s", ours_tps, name, peer_tps)
+        )
+        ours_bf16 = GPT.from_pretrained(tmp, dtype=torch.bfloat16)
+        bf16_tps, peer_tps, _, _ = measure(lambda: ours_bf16.generate(prompt, NEW), peer)
+        comparisons.append(
+            comparison(
+                "greedy new tok/s, GPT-2 small, gptkit bf16 weights", "tok/s", bf16_tps, name, peer_tps
+            )
+        )
+        del reference, ours, ours_bf16
+
+    with tempfile.TemporaryDirectory() as tmp:
+        # (b) GPT-1
+        reference = transformers.OpenAIGPTLMHeadModel(transformers.OpenAIGPTConfig()).eval()
+        reference.save_pretrained(tmp)
+        ours = GPT.from_pretrained(tmp)
+        prompt = torch.randint(0, 40478, (1, PROMPT))
+
+        def peer():
+            return reference.generate(
+                prompt, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, pad_token_id=0
+            )
+
+        ours_tps, peer_tps, ours_out, peer_out = measure(lambda: ours.generate(prompt, NEW), peer)
+        assert torch.equal(ours_out, peer_out), "greedy ids differ from transformers'"
+        comparisons.append(
+            comparison(
+                "greedy new tok/s, GPT-1, fp32",
+                "tok/s",
+                ours_tps,
+                "OpenAIGPTLMHeadModel (no cache), fp32",
+                peer_tps,
+            )
+        )
+        ours_bf16 = GPT.from_pretrained(tmp, dtype=torch.bfloat16)
+        bf16_tps, _, _, _ = measure(lambda: ours_bf16.generate(prompt, NEW), lambda: None)
+        comparisons.append(
+            comparison(
+                "greedy new tok/s, GPT-1, gptkit bf16 weights",
+                "tok/s",
+                bf16_tps,
+                "OpenAIGPTLMHeadModel (no cache), fp32",
+                peer_tps,
+            )
+        )
+    emit("generate_throughput", comparisons, prompt_tokens=PROMPT, new_tokens=NEW)
+
+
+if __name__ == "__main__":
+    main()

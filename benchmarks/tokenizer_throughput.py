@@ -1,0 +1,98 @@
+"""Tokenizer throughput: gptkit's GPT-2 encoder against tiktoken, and gptkit's GPT-1 encoder against a
+straightforward one-text-at-a-time pipeline (ftfy, standardise, spaCy, BPE with a cache), with
+identical ids. Fresh encoders each repetition (cold caches), alternating, medians."""
+
+from __future__ import annotations
+
+import time
+
+from common import DATA, comparison, emit, median
+
+from gptkit.tokenizer import Tokenizer
+
+REPEATS = 5
+
+
+def load_texts() -> tuple[list[str], int]:
+    texts = [p.read_text(encoding="utf-8") for p in sorted((DATA / "gutenberg").glob("*.txt"))]
+    texts += [
+        line.split(" ", 1)[1] for line in (DATA / "sst2" / "stsa.binary.train").read_text().splitlines()
+    ]
+    return texts, sum(len(t.encode("utf-8")) for t in texts)
+
+
+def timed(fn) -> tuple[float, object]:
+    start = time.perf_counter()
+    result = fn()
+    return time.perf_counter() - start, result
+
+
+def gpt2(texts: list[str], n_bytes: int) -> list[dict]:
+    import tiktoken
+    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+    from tiktoken_ext.openai_public import r50k_pat_str
+
+    ranks = data_gym_to_mergeable_bpe_ranks(
+        str(DATA / "gpt2_bpe" / "vocab.bpe"), str(DATA / "gpt2_bpe" / "encoder.json")
+    )
+    reference = tiktoken.Encoding(
+        "gpt2", pat_str=r50k_pat_str, mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 50256}
+    )
+    ours = Tokenizer.from_pretrained(DATA / "gpt2_bpe")
+    assert ours.encode_batch(texts) == reference.encode_ordinary_batch(texts)
+    results = []
+    for label, ours_fn, peer_fn in (
+        (
+            "one text at a time",
+            lambda: [ours.encode(t) for t in texts],
+            lambda: [reference.encode_ordinary(t) for t in texts],
+        ),
+        ("batch", lambda: ours.encode_batch(texts), lambda: reference.encode_ordinary_batch(texts)),
+    ):
+        ours_s, peer_s = [], []
+        for _ in range(REPEATS):
+            ours_s.append(timed(ours_fn)[0])
+            peer_s.append(timed(peer_fn)[0])
+        results.append(
+            comparison(
+                f"GPT-2 byte-level encode, {label}",
+                "MB/s",
+                n_bytes / 1e6 / median(ours_s),
+                "tiktoken (same files)",
+                n_bytes / 1e6 / median(peer_s),
+            )
+        )
+    return results
+
+
+def gpt1(texts: list[str], n_bytes: int) -> list[dict]:
+    from tests.reference_gpt1 import ReferenceGPT1Encoder
+
+    vocab = DATA / "gpt1_bpe"
+    ours_s, peer_s = [], []
+    for _ in range(REPEATS):
+        ours = Tokenizer.from_pretrained(vocab)
+        reference = ReferenceGPT1Encoder(vocab / "encoder_bpe_40000.json", vocab / "vocab_40000.bpe")
+        seconds, ours_ids = timed(lambda: ours.encode_batch(texts))  # noqa: B023 (called at once)
+        ours_s.append(seconds)
+        seconds, reference_ids = timed(lambda: reference.encode(texts))  # noqa: B023
+        peer_s.append(seconds)
+        assert ours_ids == reference_ids, "GPT-1 ids differ from the reference pipeline"
+    return [
+        comparison(
+            "GPT-1 encode (ftfy + spaCy + BPE), identical ids",
+            "MB/s",
+            n_bytes / 1e6 / median(ours_s),
+            "straightforward pipeline (tests/reference_gpt1.py)",
+            n_bytes / 1e6 / median(peer_s),
+        )
+    ]
+
+
+if __name__ == "__main__":
+    texts, n_bytes = load_texts()
+    emit(
+        "tokenizer_throughput",
+        gpt2(texts, n_bytes) + gpt1(texts, n_bytes),
+        text={"documents": len(texts), "megabytes": round(n_bytes / 1e6, 2)},
+    )

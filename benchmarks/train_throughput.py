@@ -1,0 +1,156 @@
+"""Training throughput and peak memory: gptkit's GPT against transformers' OpenAIGPTLMHeadModel.
+
+Shape: 6 layers, d 384, 6 heads, context 256, vocabulary 40478, batch 8, dropout 0; one step is
+forward + backward + AdamW. fp32 and bf16 autocast. Each measurement runs in a fresh process (so
+peak RSS is its own), the two libraries alternate, several repetitions, medians. MFU is against a
+2048³ matmul measured in the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+
+from common import comparison, emit, median
+
+SHAPE = dict(n_layer=6, d_model=384, n_head=6, context=256, vocab=40478, batch=8)
+WARMUP, STEPS, REPEATS = 2, 6, 3
+
+
+def flops_per_token(shape: dict) -> float:
+    """6·N for the matrices (tied output layer included) plus the attention scores (PaLM, App. B)."""
+    d, L, T = shape["d_model"], shape["n_layer"], shape["context"]
+    n_matmul = L * 12 * d * d + shape["vocab"] * d
+    return 6 * n_matmul + 12 * L * d * T
+
+
+def worker(library: str, precision: str) -> None:
+    import contextlib
+
+    import torch
+
+    torch.manual_seed(0)
+    s = SHAPE
+    if library == "gptkit":
+        from gptkit import GPT, GPTConfig
+        from gptkit.train.optim import build_optimizer
+
+        model = GPT(
+            GPTConfig(
+                vocab_size=s["vocab"],
+                context_length=s["context"],
+                n_layer=s["n_layer"],
+                n_head=s["n_head"],
+                d_model=s["d_model"],
+                dropout=0.0,
+            )
+        )
+        optimizer = build_optimizer(model, 1e-4, 0.01)
+    else:
+        from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel
+
+        model = OpenAIGPTLMHeadModel(
+            OpenAIGPTConfig(
+                vocab_size=s["vocab"],
+                n_positions=s["context"],
+                n_embd=s["d_model"],
+                n_layer=s["n_layer"],
+                n_head=s["n_head"],
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                attn_pdrop=0.0,
+            )
+        )
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    model.train()
+    ids = torch.randint(0, s["vocab"], (s["batch"], s["context"]))
+    autocast = (
+        torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+    )
+
+    def step():
+        with autocast:
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for _ in range(WARMUP):
+        step()
+    start = time.perf_counter()
+    for _ in range(STEPS):
+        step()
+    seconds = time.perf_counter() - start
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"tokens_per_s": STEPS * s["batch"] * s["context"] / seconds, "peak_rss_mb": peak_mb}))
+
+
+def matmul_peak(precision: str) -> float:
+    import torch
+
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return 2 * 2048**3 / median(times)
+
+
+def run(library: str, precision: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, __file__, "--worker", library, precision], capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    comparisons, extra = [], {}
+    per_token = flops_per_token(SHAPE)
+    for precision in ("fp32", "bf16"):
+        ours, theirs = [], []
+        for _ in range(REPEATS):
+            ours.append(run("gptkit", precision))
+            theirs.append(run("transformers", precision))
+        peak = matmul_peak(precision)
+        ours_tps, their_tps = (
+            median([r["tokens_per_s"] for r in ours]),
+            median([r["tokens_per_s"] for r in theirs]),
+        )
+        peer = "transformers OpenAIGPTLMHeadModel"
+        shape = f"6L/384, ctx 256, batch 8, {precision}"
+        comparisons.append(comparison(f"train tok/s, {shape}", "tok/s", ours_tps, peer, their_tps))
+        comparisons.append(
+            comparison(
+                f"train peak RSS, {shape}",
+                "MB",
+                median([r["peak_rss_mb"] for r in ours]),
+                peer,
+                median([r["peak_rss_mb"] for r in theirs]),
+                higher_is_better=False,
+            )
+        )
+        comparisons.append(
+            comparison(
+                f"MFU, {shape}",
+                "fraction of matmul peak",
+                ours_tps * per_token / peak,
+                peer,
+                their_tps * per_token / peak,
+            )
+        )
+        extra[f"matmul_peak_gflops_{precision}"] = round(peak / 1e9, 1)
+    emit("train_throughput", comparisons, **extra)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--worker":
+        worker(sys.argv[2], sys.argv[3])
+    else:
+        main()

@@ -1,0 +1,136 @@
+"""`make demo`: the paper's whole recipe, small enough for a laptop CPU.
+
+1. Train a GPT-1-style BPE vocabulary (ftfy + spaCy + ``</w>``) on public-domain books.
+2. Prepare token shards and pre-train a small GPT (L1), bf16 autocast. The blocks are GPT-2's
+   pre-LN layout: in a few hundred updates GPT-1's post-LN blocks barely leave the unigram plateau
+   (measured here: validation loss 6.37 against 5.86 after 120 updates), and a demo has minutes.
+3. Fine-tune it on SST-2 (L3 = L2 + 0.5·L1), and fine-tune the same architecture from random
+   weights, to show what pre-training buys.
+4. Sample a few lines from the pre-trained model.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+
+from gptkit.checkpoint import write_json
+from gptkit.data.readers import read_dataset
+from gptkit.data.shards import prepare
+from gptkit.textgen import generate_text, load_for_generation
+from gptkit.tokenizer import train_bpe
+from gptkit.train.finetune import FinetuneConfig, finetune, finetune_train_config
+from gptkit.train.loop import TrainConfig
+from gptkit.train.pretrain import PretrainConfig, pretrain
+
+MARKER = ".gptkit-demo"
+DEMO_PRESET = "gpt2"  # the shape comes from the flags below; the preset gives pre-LN blocks
+PROMPTS = ["It was a dark and stormy night, and", "The king said to his daughter", "Alice looked at the"]
+
+
+def _corpus(data: Path) -> list[Path]:
+    files = sorted((data / "gutenberg").glob("*.txt")) + [data / "tinyshakespeare" / "input.txt"]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing or not files:
+        raise FileNotFoundError(
+            f"demo corpus not found under {data} (missing: {', '.join(missing) or 'gutenberg/'})"
+        )
+    return files
+
+
+def _stage(title: str) -> float:
+    print(f"\n=== {title}", flush=True)
+    return time.perf_counter()
+
+
+def run_demo(data: Path, out: Path, quick: bool = False) -> dict:
+    """Run every stage; write ``summary.json`` in ``out`` and return it."""
+    if out.exists():
+        if not (out / MARKER).exists():
+            raise FileExistsError(f"{out} exists and was not made by the demo; choose another --out")
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    (out / MARKER).write_text("made by gptkit demo; safe to delete\n")
+    started = time.perf_counter()
+    corpus = _corpus(data)
+    size = dict(vocab=1000, steps=20, n_layer=2, d_model=64, context=64, batch=16, ft_examples=256, epochs=1) if quick \
+        else dict(vocab=8000, steps=350, n_layer=4, d_model=256, context=128, batch=32, ft_examples=None, epochs=2)  # fmt: skip
+
+    t = _stage("1/4 training a GPT-1-style BPE vocabulary on the books")
+    train_bpe(corpus, size["vocab"], out / "tokenizer", style="gpt1")
+    print(f"    {size['vocab']} tokens in {time.perf_counter() - t:.0f}s")
+
+    t = _stage("2/4 pre-training a small GPT (L1: next-token log-likelihood)")
+    meta = prepare(out / "tokenizer", corpus, out / "shards", val_fraction=0.02)
+    print(f"    corpus: {meta['counts']['train']:,} training tokens, {meta['counts']['val']:,} held out")
+    pre = PretrainConfig(
+        data=str(out / "shards"),
+        out=str(out / "pretrain"),
+        preset=DEMO_PRESET,
+        context=size["context"],
+        n_layer=size["n_layer"],
+        n_head=4,
+        d_model=size["d_model"],
+        eval_windows=64,
+    )
+    train = TrainConfig(
+        max_steps=size["steps"],
+        batch_size=size["batch"],
+        lr=1e-3,
+        warmup_steps=size["steps"] // 10,
+        eval_every=max(size["steps"] // 5, 1),
+        checkpoint_every=size["steps"],
+        precision="bf16",
+        log_every=5,
+    )
+    pre_metrics = pretrain(pre, train)
+    print(
+        f"    validation loss {pre_metrics['val_loss']:.3f} (perplexity {pre_metrics['val_ppl']:.1f}) "
+        f"after {size['steps']} updates, {time.perf_counter() - t:.0f}s; curve: {out / 'pretrain' / 'loss.png'}"
+    )
+
+    t = _stage("3/4 fine-tuning on SST-2 sentiment: pre-trained vs. random init")
+    results = {}
+    for name, init in (("pretrained", str(out / "pretrain")), ("from_scratch", None)):
+        config = FinetuneConfig(
+            dataset="sst2",
+            data_dir=str(data),
+            init=init,
+            tokenizer=str(out / "tokenizer"),
+            preset=DEMO_PRESET,
+            n_layer=size["n_layer"],
+            n_head=4,
+            d_model=size["d_model"],
+            context=size["context"],
+            out=str(out / f"sst2-{name}"),
+            epochs=size["epochs"],
+            max_train_examples=size["ft_examples"],
+        )
+        ft = finetune(config, finetune_train_config(lr=2e-4, precision="bf16", progress=True))
+        results[name] = ft["best"]["dev_accuracy"]
+        print(f"    {name:>12}: dev accuracy {results[name]:.3f}")
+    dev_labels = [e.label for e in read_dataset("sst2", "dev", data)]
+    majority = Counter(dev_labels).most_common(1)[0][1] / len(dev_labels)
+    print(f"    {'majority':>12}: dev accuracy {majority:.3f}   ({time.perf_counter() - t:.0f}s)")
+
+    t = _stage("4/4 sampling from the pre-trained model (top-k 40, temperature 0.8)")
+    model, tokenizer = load_for_generation(out / "pretrain")
+    samples = generate_text(
+        model, tokenizer, PROMPTS, max_new_tokens=30, do_sample=True, temperature=0.8, top_k=40, seed=0
+    )
+    for prompt, sample in zip(PROMPTS, samples):
+        print(f"    {prompt} → {sample}")
+
+    summary = {
+        "pretrain": {"steps": size["steps"], **pre_metrics},
+        "sst2_dev_accuracy": {**results, "majority_class": majority},
+        "samples": dict(zip(PROMPTS, samples)),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    write_json(out / "summary.json", summary)
+    print(f"\ndone in {summary['seconds']:.0f}s; summary: {out / 'summary.json'}")
+    print(json.dumps(summary["sst2_dev_accuracy"]))
+    return summary

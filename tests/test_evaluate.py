@@ -1,0 +1,98 @@
+"""Perplexity, zero-shot heuristics and the sampling trade-off, against brute-force computations."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gptkit import GPT, GPTConfig
+from gptkit.evaluate import lm
+from gptkit.evaluate.metrics import f1, matthews_corrcoef, pearson, spearman
+from gptkit.evaluate.tradeoff import _distinct, _unigram_f1, passages_from_text, sweep
+
+
+def tiny_model(context=16) -> GPT:
+    torch.manual_seed(0)
+    return GPT(
+        GPTConfig(vocab_size=50, context_length=context, n_layer=2, n_head=2, d_model=16, dropout=0.0)
+    ).eval()
+
+
+def brute_force_nll(model: GPT, ids: list[int]) -> float:
+    """Each token scored alone, with as much left context as fits."""
+    context, total = model.config.context_length, 0.0
+    with torch.no_grad():
+        for t in range(1, len(ids)):
+            window = ids[max(0, t - context + 1) : t + 1]
+            total -= float(model(torch.tensor([window])).logits[0, -2].log_softmax(-1)[window[-1]])
+    return total / (len(ids) - 1)
+
+
+def test_perplexity_equals_brute_force():
+    model = tiny_model()
+    ids = torch.randint(0, 50, (40,)).tolist()
+    result = lm.perplexity(model, ids, stride=1)
+    assert result["tokens"] == 39
+    assert result["nll"] == pytest.approx(brute_force_nll(model, ids), rel=1e-5)
+    short = ids[:12]  # fits in one window: equals the model's own loss
+    with torch.no_grad():
+        loss = model(torch.tensor([short]), labels=torch.tensor([short])).loss.item()
+    assert lm.perplexity(model, short)["nll"] == pytest.approx(loss, rel=1e-5)
+    strided = lm.perplexity(model, ids, stride=8)
+    assert strided["tokens"] == 39 and strided["nll"] > 0
+
+
+def test_continuation_logprob_and_multiple_choice_against_the_models_loss():
+    model = tiny_model()
+    context, answers = [3, 4, 5, 6], [[7, 8], [9], [10, 11, 12]]
+    average = []
+    for answer in answers:
+        ids = torch.tensor([context + answer])
+        labels = ids.clone()
+        labels[0, : len(context)] = -100  # score only the answer's tokens
+        with torch.no_grad():
+            average.append(-model(ids, labels=labels).loss.item())
+        total, n = lm.continuation_logprob(model, context, answer)
+        assert total / n == pytest.approx(average[-1], rel=1e-5)
+    best = max(range(3), key=average.__getitem__)
+    vocab = {str(i): i for i in range(50)}
+
+    def encode(text):
+        return [vocab[t] for t in text.split()]
+
+    result = lm.zeroshot_multiple_choice(model, encode, ["3 4 5 6"], [["7 8", "9", "10 11 12"]], [best])
+    assert result["accuracy"] == 1.0
+
+
+def test_metrics_by_hand():
+    assert f1([1, 1, 0, 0], [1, 0, 1, 0]) == pytest.approx(0.5)
+    assert matthews_corrcoef([1, 1, 0, 0], [1, 1, 0, 0]) == pytest.approx(1.0)
+    assert matthews_corrcoef([1, 0, 1, 0], [1, 1, 0, 0]) == pytest.approx(0.0)
+    assert pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [1, 8, 27, 64]) == pytest.approx(1.0)
+    assert spearman([1, 2, 2, 3], [3, 2, 2, 1]) == pytest.approx(-1.0)
+
+
+def test_tradeoff_measures_by_hand():
+    assert _distinct([[1, 2, 1, 2]], 1) == pytest.approx(2 / 4)
+    assert _distinct([[1, 2, 1, 2]], 2) == pytest.approx(2 / 3)
+    assert _unigram_f1([1, 2, 3, 3], [3, 4]) == pytest.approx(2 * 0.25 * 0.5 / 0.75)
+    passages = passages_from_text(list(range(100)), 10, 5, 4)
+    assert len(passages) == 4 and passages[0] == (list(range(10)), list(range(10, 15)))
+
+
+def test_temperature_sweep_trades_diversity_for_fidelity():
+    model = tiny_model(context=64)
+    with torch.no_grad():
+        model.wte.weight.mul_(40)  # a peaked next-token distribution, as a trained model has
+    ids = torch.randint(0, 50, (400,)).tolist()
+    report = sweep(
+        model, passages_from_text(ids, 8, 16, 6), temperatures=[0.0, 0.5, 1.0, 2.0], samples_per_prompt=2
+    )
+    rows = report["settings"]
+    nll = [r["sample_nll"] for r in rows]
+    diversity = [r["distinct_2"] for r in rows]
+    assert nll == sorted(nll) and nll[0] < nll[-1]  # hotter samples stray further from the model's beliefs
+    assert diversity[-1] > diversity[0]
+    closest = min(rows, key=lambda r: abs(r["sample_nll"] - report["reference_nll"]))
+    assert report["recommended"]["temperature"] == closest["temperature"]
