@@ -370,3 +370,24 @@ def test_bad_directories_get_clear_errors(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "gpt2", "vocab_size": 10,')
     with pytest.raises(ValueError, match="config.json: not valid JSON"):
         GPT.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-autocast"])
+def test_chunked_loss_equals_full_logits_loss_and_gradients(bf16):
+    """compute_logits=False computes the same loss and gradients without the (B, T, V) logits."""
+    model = GPT(GPTConfig.from_preset("tiny", dropout=0.0))
+    ids = torch.randint(0, 512, (3, 20))
+    labels = ids.clone()
+    labels[0, 5] = -100
+    grads = []
+    for compute_logits in (True, False):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            out = model(ids, labels=labels, compute_logits=compute_logits)
+        out.loss.backward()
+        grads.append((out.loss.detach(), [p.grad.clone() for p in model.parameters()]))
+        model.zero_grad()
+        assert (out.logits is None) != compute_logits
+    (full_loss, full_grads), (chunked_loss, chunked_grads) = grads
+    torch.testing.assert_close(chunked_loss, full_loss, atol=1e-5, rtol=1e-5)
+    for a, b in zip(full_grads, chunked_grads):
+        torch.testing.assert_close(b, a, atol=1e-4 if bf16 else 1e-6, rtol=1e-2 if bf16 else 1e-5)

@@ -424,6 +424,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.set_defaults(func=cmd_generate)
 
+    p = commands.add_parser("perplexity", help="Perplexity of a text file (strided sliding window).")
+    p.add_argument("--model", required=True)
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--stride", type=int, default=None, help="Window step (default: half the context).")
+    p.add_argument("file")
+    p.set_defaults(func=cmd_perplexity)
+
+    p = commands.add_parser("zeroshot", help="GPT-1's zero-shot heuristics (§5) on a public dataset.")
+    p.add_argument("--model", required=True, help="A model directory, or a run directory with --checkpoints.")
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--task", choices=sorted(_ZEROSHOT_DATASETS), required=True)
+    p.add_argument("--dataset", default=None, help="Default: sst2, story_cloze or cola by task.")
+    p.add_argument("--split", default="dev")
+    p.add_argument("--data-dir", default="data")
+    p.add_argument("--limit", type=int, default=None, help="Use the first N examples.")
+    p.add_argument(
+        "--checkpoints", action="store_true", help="Evaluate every checkpoint of a pre-training run."
+    )
+    p.set_defaults(func=cmd_zeroshot)
+
+    p = commands.add_parser("analyze", help="Analyses of a trained model.")
+    sub = p.add_subparsers(dest="analysis", required=True, metavar="ANALYSIS")
+    t = sub.add_parser("tradeoff", help="Sweep temperature/top-p: diversity against fidelity.")
+    t.add_argument("--model", required=True)
+    t.add_argument("--tokenizer", default=None)
+    t.add_argument("--prompts", required=True, help="Held-out text; passages are cut from it.")
+    t.add_argument("--out", default="tradeoff")
+    t.add_argument("--temperatures", default="0.2,0.5,0.7,0.9,1.0,1.2,1.5")
+    t.add_argument("--top-p", default=None, help="Comma-separated top-p values to sweep as well.")
+    t.add_argument("--passages", type=int, default=24)
+    t.add_argument("--prompt-tokens", type=int, default=32)
+    t.add_argument("--new-tokens", type=int, default=32)
+    t.add_argument("--samples", type=int, default=2, help="Samples per passage and setting.")
+    t.add_argument("--seed", type=int, default=0)
+    t.set_defaults(func=cmd_tradeoff)
+
     p = commands.add_parser(
         "demo", help="The whole job on the sample data: prepare, pre-train, fine-tune, generate."
     )

@@ -122,7 +122,7 @@ def run_demo(data: Path, out: Path, quick: bool = False) -> dict:
         model, tokenizer, PROMPTS, max_new_tokens=30, do_sample=True, temperature=0.8, top_k=40, seed=0
     )
     for prompt, sample in zip(PROMPTS, samples):
-        print(f"    {prompt} → {sample}")
+        print(f"    {prompt} → {' '.join(sample.split())}")  # newlines folded for display
 
     summary = {
         "pretrain": {"steps": size["steps"], **pre_metrics},

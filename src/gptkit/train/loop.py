@@ -110,12 +110,12 @@ def autocast(precision: str, device: torch.device):
     return contextlib.nullcontext()
 
 
-def split_micro_batches(
-    batch: dict[str, torch.Tensor], micro_batch_size: int
-) -> list[dict[str, torch.Tensor]]:
-    size = next(iter(batch.values())).size(0)
+def split_micro_batches(batch: dict, micro_batch_size: int) -> list[dict]:
+    """Slice every tensor of the batch along its first dimension; other values (flags) go to each."""
+    size = next(v for v in batch.values() if isinstance(v, torch.Tensor)).size(0)
     return [
-        {k: v[i : i + micro_batch_size] for k, v in batch.items()} for i in range(0, size, micro_batch_size)
+        {k: v[i : i + micro_batch_size] if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        for i in range(0, size, micro_batch_size)
     ]
 
 
@@ -286,7 +286,10 @@ class Trainer:
         total_loss = torch.zeros((), device=ctx.device)
         n_tokens = 0
         for i, micro in enumerate(micro_batches):
-            micro = {k: v.to(ctx.device, non_blocking=True) for k, v in micro.items()}
+            micro = {
+                k: v.to(ctx.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
+                for k, v in micro.items()
+            }
             n_tokens += micro["input_ids"].numel()
             with gradient_sync(self.model, sync=i == len(micro_batches) - 1):
                 with autocast(config.precision, ctx.device):

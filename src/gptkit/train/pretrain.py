@@ -51,9 +51,10 @@ class PretrainBatches:
     def __init__(self, sampler: WindowSampler):
         self.sampler = sampler
 
-    def next_batch(self) -> dict[str, torch.Tensor]:
+    def next_batch(self) -> dict:
         ids = self.sampler.next_batch()
-        return {"input_ids": ids, "labels": ids}
+        # The loop needs only the loss: skip returning logits so the loss is computed in chunks.
+        return {"input_ids": ids, "labels": ids, "compute_logits": False}
 
     def state_dict(self) -> dict:
         return self.sampler.state_dict()
@@ -86,7 +87,7 @@ def make_evaluator(shard: TokenShard, context: int, max_windows: int, micro_batc
         total = 0.0
         for start in range(0, len(windows), micro_batch_size):
             ids = windows[start : start + micro_batch_size].to(device)
-            total += float(model(input_ids=ids, labels=ids).loss) * len(ids)
+            total += float(model(input_ids=ids, labels=ids, compute_logits=False).loss) * len(ids)
         val_loss = total / len(windows)
         return {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 50.0))}
 
