@@ -84,6 +84,40 @@ def test_gpt1_special_tokens(gpt1):
     assert gpt1.decode([40478]) == "_start_"
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.sampled_from([chr(c) for c in range(0x20, 0x7F) if chr(c) != "&"] + ["\t", "\n"])))
+def test_ftfy_shortcut_only_skips_text_ftfy_leaves_alone(text):
+    ftfy = pytest.importorskip("ftfy")
+    assert ftfy.fix_text(text) == text  # the lines gptkit does not send through ftfy
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "plain line",
+                "&amp; entity",
+                "<b>tag</b> &lt;",
+                "curly \u201cquotes\u201d",
+                "mojibake \u00e2\u0080\u0099",
+                "\r",
+                "\n",
+                "caf\u00e9",
+                "\x1b[31mred",
+            ]
+        ),
+        max_size=12,
+    )
+)
+def test_fix_text_equals_ftfy(parts):
+    ftfy = pytest.importorskip("ftfy")
+    from gptkit.tokenizer.gpt1 import fix_text
+
+    text = "".join(parts)
+    assert fix_text(text) == ftfy.fix_text(text)
+
+
 def test_text_standardize_by_hand():
     assert text_standardize("a—b…c´d") == "a - b...c'd"
     assert text_standardize("wait!!! what??") == "wait !!! what ??"

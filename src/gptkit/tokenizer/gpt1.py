@@ -4,10 +4,15 @@ The published pipeline, per text: ``ftfy.fix_text``; ``text_standardize`` (dashe
 punctuation runs, whitespace); spaCy's English tokenizer; each token lower-cased; BPE over its
 characters with ``</w>`` glued to the last one; symbols missing from the encoder map to id 0.
 
-Speed without changing a single id: after ``text_standardize`` the text is chunks separated by
-single spaces, and spaCy tokenizes each space-separated chunk on its own (its rules never look
-across a space). So the ids of each distinct chunk are computed once, through spaCy and BPE, and
-cached; a corpus then costs ftfy, one regex pass and a dictionary lookup per chunk.
+Speed without changing a single id:
+- after ``text_standardize`` the text is chunks separated by single spaces, and spaCy tokenizes
+  each space-separated chunk on its own (its rules never look across a space). So the ids of each
+  distinct chunk are computed once and cached, and the new chunks of a text go through spaCy in one
+  call rather than one call each;
+- BPE results are cached per word, as in the original;
+- ftfy leaves a line of printable ASCII without ``&`` unchanged, so such lines skip it; the others
+  go through ftfy's own per-line fixer with the same settings ``ftfy.fix_text`` would use.
+The tests check the ids against a plain transcription of the original on real text.
 """
 
 from __future__ import annotations
@@ -26,6 +31,9 @@ END_OF_WORD = "</w>"
 # square of a word's length: a 10 MB run of letters must not hang the tokenizer.
 MAX_CHUNK_CHARS = 1000
 _CACHE_LIMIT = 1_000_000
+_SPACY_BATCH = 20_000  # new chunks per spaCy call
+# Printable ASCII but "&" (which may start an HTML entity), tab and newline: ftfy changes none of it.
+_FTFY_NOOP = re.compile(r"[\t\n\x20-\x25\x27-\x7e]*")
 
 _PUNCTUATION_RUNS = re.compile(r"""(-+|~+|!+|"+|;+|\?+|\++|,+|\)+|\(+|\\+|\/+|\*+|\[+|\]+|}+|{+|\|+|_+)""")
 _NEWLINES = re.compile(r"\s*\n\s*")
@@ -40,6 +48,29 @@ def text_standardize(text: str) -> str:
     text = _NEWLINES.sub(" \n ", text)
     text = _SPACES.sub(" ", text)
     return text.strip()
+
+
+def fix_text(text: str) -> str:
+    """``ftfy.fix_text(text)``, skipping the lines it would leave unchanged.
+
+    Mirrors ftfy's own loop: segments end at newlines (or every ``max_decode_length`` characters),
+    and HTML unescaping turns off for good at the first segment containing "<".
+    """
+    if _FTFY_NOOP.fullmatch(text):
+        return text
+    import ftfy
+
+    config = ftfy.TextFixerConfig(explain=False)
+    out, pos = [], 0
+    while pos < len(text):
+        end = text.find("\n", pos) + 1 or len(text)
+        end = min(end, pos + config.max_decode_length)
+        segment = text[pos:end]
+        if config.unescape_html == "auto" and "<" in segment:
+            config = config._replace(unescape_html=False)
+        out.append(segment if _FTFY_NOOP.fullmatch(segment) else ftfy.fix_and_explain(segment, config)[0])
+        pos = end
+    return "".join(out)
 
 
 def _require_gpt1_extra():
@@ -62,8 +93,7 @@ class GPT1Tokenizer(Tokenizer):
         merges_path: str | Path,
         special_tokens: Sequence[str] = GPT1_SPECIAL_TOKENS,
     ):
-        ftfy, spacy = _require_gpt1_extra()
-        self._fix_text = ftfy.fix_text
+        _, spacy = _require_gpt1_extra()
         self._spacy = spacy.blank("en").tokenizer
         self.encoder: dict[str, int] = read_json(encoder_path)
         if not isinstance(self.encoder, dict):
@@ -75,6 +105,7 @@ class GPT1Tokenizer(Tokenizer):
         self.special_tokens = {token: base + i for i, token in enumerate(special_tokens)}
         self.decoder.update({i: token for token, i in self.special_tokens.items()})
         self._chunk_cache: dict[str, list[int]] = {}
+        self._word_cache: dict[str, list[int]] = {}
 
     def __len__(self) -> int:
         return len(self.encoder) + len(self.special_tokens)
@@ -85,37 +116,74 @@ class GPT1Tokenizer(Tokenizer):
 
     def word_ids(self, token: str) -> list[int]:
         """Ids of one spaCy token, as the original ``bpe()`` then ``encoder.get(t, 0)`` gives them."""
-        token = token.lower()
+        ids = self._word_cache.get(token)
+        if ids is None:
+            ids = self._word_cache[token] = self._bpe_ids(token.lower())
+        return ids
+
+    def _bpe_ids(self, token: str) -> list[int]:
         symbols = self.bpe(tuple(token[:-1]) + (token[-1] + END_OF_WORD,))
         joined = " ".join(symbols)
         if joined == "\n  </w>":  # the original's special case for a newline token
             joined = "\n</w>"
         return [self.encoder.get(symbol, 0) for symbol in joined.split(" ")]
 
-    def _chunk_ids(self, chunk: str) -> list[int]:
-        ids = self._chunk_cache.get(chunk)
-        if ids is None and chunk == "\n":
-            # spaCy keeps the space after a newline in the token ("\n "), which the original maps to "\n</w>".
-            ids = self.word_ids("\n ")
-        if ids is None:
-            ids = []
-            for start in range(0, len(chunk), MAX_CHUNK_CHARS):
-                for token in self._spacy(chunk[start : start + MAX_CHUNK_CHARS]):
-                    ids.extend(self.word_ids(token.text))
-            if len(self._chunk_cache) >= _CACHE_LIMIT:
-                self._chunk_cache.clear()
-            self._chunk_cache[chunk] = ids
-        return ids
+    def _cache_new_chunks(self, chunks: Iterable[str]) -> None:
+        """Tokenize the chunks not seen yet, all in one spaCy call, and cache their ids."""
+        distinct = [c for c in dict.fromkeys(chunks) if c]
+        new = [c for c in distinct if c not in self._chunk_cache]
+        if len(self._chunk_cache) + len(new) > _CACHE_LIMIT:  # bound memory on endless corpora
+            self._chunk_cache.clear()
+            self._word_cache.clear()
+            new = distinct
+        short = []
+        for chunk in new:
+            if chunk == "\n":
+                # spaCy keeps the space after a newline in the token ("\n "), which the original
+                # maps to "\n</w>".
+                self._chunk_cache[chunk] = self.word_ids("\n ")
+            elif len(chunk) > MAX_CHUNK_CHARS:
+                ids = []
+                for start in range(0, len(chunk), MAX_CHUNK_CHARS):
+                    for token in self._spacy(chunk[start : start + MAX_CHUNK_CHARS]):
+                        ids.extend(self.word_ids(token.text))
+                self._chunk_cache[chunk] = ids
+            else:
+                short.append(chunk)
+        for start in range(0, len(short), _SPACY_BATCH):
+            self._tokenize_together(short[start : start + _SPACY_BATCH])
+
+    def _tokenize_together(self, chunks: list[str]) -> None:
+        """One spaCy Doc for many chunks: "a b c" tokenizes as a, b and c each alone; tokens are
+        matched back to their chunk by character offset."""
+        ends, offset = [], 0
+        for chunk in chunks:
+            offset += len(chunk)
+            ends.append(offset)
+            offset += 1
+        pieces: list[list[int]] = [[] for _ in chunks]
+        index = 0
+        for token in self._spacy(" ".join(chunks)):
+            while token.idx >= ends[index]:
+                index += 1
+            pieces[index].extend(self.word_ids(token.text))
+        self._chunk_cache.update(zip(chunks, pieces))
 
     def encode(self, text: str) -> list[int]:
-        ids: list[int] = []
-        for chunk in text_standardize(self._fix_text(text)).split(" "):
-            if chunk:
-                ids.extend(self._chunk_ids(chunk))
-        return ids
+        return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: Iterable[str]) -> list[list[int]]:
-        return [self.encode(text) for text in texts]
+        chunked = [text_standardize(fix_text(text)).split(" ") for text in texts]
+        self._cache_new_chunks(c for chunks in chunked for c in chunks)
+        cache = self._chunk_cache
+        out = []
+        for chunks in chunked:
+            ids: list[int] = []
+            for chunk in chunks:
+                if chunk:
+                    ids.extend(cache[chunk])
+            out.append(ids)
+        return out
 
     def decode(self, ids: Sequence[int]) -> str:
         self._check_ids(ids)
