@@ -203,8 +203,8 @@ class GPT(nn.Module):
             position_ids: (B, T) positions; by default past + 0..T-1, skipping padding.
             cache: a KVCache to read past keys/values from and append this step's to.
             compute_logits: False skips returning the output layer's logits (task heads need only
-                ``hidden_states``); with ``labels`` the loss is then computed in chunks of rows, never
-                holding the whole (B, T, V) logits tensor, which is faster and much smaller.
+                ``hidden_states``); with ``labels`` the output layer and the loss are then fused,
+                never holding fp32 logits for the whole batch: faster and much smaller.
         """
         B, T = input_ids.shape
         past = cache.length if cache is not None else 0
@@ -235,7 +235,7 @@ class GPT(nn.Module):
         if labels is not None and logits is not None:
             loss = next_token_loss(logits, labels)
         elif labels is not None:
-            # Without logits to return, the loss never materialises the (B, T, V) logits.
+            # Without logits to return, the output layer and the loss are fused (no fp32 logits).
             loss = chunked_next_token_loss(x, self.wte.weight, labels)
         return GPTOutput(logits=logits, hidden_states=x, loss=loss)
 
@@ -325,62 +325,53 @@ def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     )
 
 
-class _ChunkedLMLoss(torch.autograd.Function):
-    """Σ cross-entropy(h·W^T, target) / count, computed a chunk of rows at a time, both ways.
+class _FusedLMLoss(torch.autograd.Function):
+    """Σ cross-entropy(h·W^T, target) / count, fusing the output layer with the loss.
 
-    Forward keeps only each row's log-sum-exp; backward recomputes a chunk's logits and turns them
-    into softmax − one-hot on the spot. Matmuls run in the autocast dtype when autocast is on.
+    The forward pass runs a chunk of rows at a time: fp32 logits of the chunk, their log-sum-exp,
+    and at once the gradient with respect to the logits, (softmax − one-hot) / count, stored in the
+    compute dtype. Backward is then two matmuls. Nothing of size (rows × vocabulary) is ever held in
+    fp32 beyond one chunk, and no log-softmax graph is kept. Matmuls run in the autocast dtype.
     """
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, chunk_rows: int):
-        dtype = (
-            torch.get_autocast_dtype(hidden.device.type)
-            if torch.is_autocast_enabled(hidden.device.type)
-            else hidden.dtype
-        )
+        device = hidden.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
         valid = targets != IGNORE_INDEX
         count = valid.sum().clamp(min=1)
-        w = weight.to(dtype)
+        h, w = hidden.to(dtype), weight.to(dtype)
+        grad_logits = torch.empty(hidden.size(0), weight.size(0), dtype=dtype, device=hidden.device)
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        log_sum_exps = []
-        with torch.autocast(hidden.device.type, enabled=False):
+        with torch.autocast(device, enabled=False):
             for start in range(0, hidden.size(0), chunk_rows):
-                logits = (hidden[start : start + chunk_rows].to(dtype) @ w.t()).float()
-                lse = torch.logsumexp(logits, dim=-1)
-                rows = targets[start : start + chunk_rows]
-                picked = logits.gather(1, rows.clamp(min=0)[:, None]).squeeze(1)
-                total += ((lse - picked) * valid[start : start + chunk_rows]).sum()
-                log_sum_exps.append(lse)
-        ctx.save_for_backward(hidden, weight, targets, torch.cat(log_sum_exps), count)
-        ctx.chunk_rows, ctx.dtype = chunk_rows, dtype
+                rows = slice(start, start + chunk_rows)
+                logits = (h[rows] @ w.t()).float()
+                lse = torch.logsumexp(logits, dim=-1, keepdim=True)
+                chunk_targets = targets[rows].clamp(min=0)[:, None]
+                keep = valid[rows, None]
+                total += ((lse - logits.gather(1, chunk_targets)) * keep).sum()
+                probs = (logits - lse).exp_()
+                probs.scatter_add_(1, chunk_targets, -torch.ones_like(lse))
+                grad_logits[rows] = probs.mul_(keep / count)
+        ctx.save_for_backward(h, w, grad_logits)
+        ctx.hidden_dtype, ctx.weight_dtype = hidden.dtype, weight.dtype
         return total / count
 
     @staticmethod
     def backward(ctx, grad_output):
-        hidden, weight, targets, log_sum_exps, count = ctx.saved_tensors
-        dtype, chunk_rows = ctx.dtype, ctx.chunk_rows
-        w = weight.to(dtype)
-        grad_hidden = torch.empty_like(hidden)
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
-        scale = grad_output.float() / count
-        with torch.autocast(hidden.device.type, enabled=False):
-            for start in range(0, hidden.size(0), chunk_rows):
-                h = hidden[start : start + chunk_rows].to(dtype)
-                rows = targets[start : start + chunk_rows]
-                valid = (rows != IGNORE_INDEX).float()[:, None]
-                probs = torch.exp((h @ w.t()).float() - log_sum_exps[start : start + chunk_rows, None])
-                probs.scatter_add_(1, rows.clamp(min=0)[:, None], -torch.ones_like(probs[:, :1]))
-                grad_logits = (probs * (valid * scale)).to(dtype)  # (softmax − one-hot) · dL/dloss / count
-                grad_hidden[start : start + chunk_rows] = (grad_logits @ w).to(hidden.dtype)
-                grad_weight += (grad_logits.t() @ h).float()
-        return grad_hidden, grad_weight.to(weight.dtype), None, None
+        h, w, grad_logits = ctx.saved_tensors
+        scale = grad_output.to(grad_logits.dtype)
+        with torch.autocast(h.device.type, enabled=False):
+            grad_hidden = (grad_logits @ w).mul_(scale).to(ctx.hidden_dtype)
+            grad_weight = (grad_logits.t() @ h).mul_(scale).to(ctx.weight_dtype)
+        return grad_hidden, grad_weight, None, None
 
 
 def chunked_next_token_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """The loss of :func:`next_token_loss` from h_n and the tied output weight, logits never whole."""
+    """The loss of :func:`next_token_loss` from h_n and the tied output weight, fused (see above)."""
     d = hidden.size(-1)
     rows = hidden[:, :-1, :].reshape(-1, d)  # position i predicts token i+1
     targets = labels[:, 1:].reshape(-1)
     chunk_rows = max(1, (1 << 23) // weight.size(0))  # about 8M logits (32 MB in fp32) at a time
-    return _ChunkedLMLoss.apply(rows, weight, targets, chunk_rows)
+    return _FusedLMLoss.apply(rows, weight, targets, chunk_rows)

@@ -36,6 +36,7 @@ from gptkit.train.distributed import (
     load_full_state_dicts,
     unwrap,
 )
+from gptkit.train.memory import keep_freed_memory
 from gptkit.train.optim import build_optimizer, learning_rate
 
 CHECKPOINTS = "checkpoints"
@@ -161,6 +162,8 @@ class Trainer:
                 f"micro-batches of {self.micro_batch_size}"
             )
         self.forward = torch.compile(model) if config.compile else model
+        if self.ctx.device.type == "cpu":
+            keep_freed_memory()  # see gptkit.train.memory: a third of a CPU step otherwise
         self.last_metrics: dict[str, float] = {}
 
     # Checkpoints ---------------------------------------------------------------------------------
