@@ -55,11 +55,6 @@ class KVCache:
     def advance(self, n_positions: int) -> None:
         self.length += n_positions
 
-    def reorder(self, index: torch.Tensor) -> None:
-        """Keep only the batch rows in ``index`` (e.g. after some sequences finished)."""
-        self.keys = self.keys[:, index]
-        self.values = self.values[:, index]
-
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
