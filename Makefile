@@ -4,8 +4,9 @@
 VENV    ?= .venv
 PYTHON  := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
-# The public datasets and vocabularies; ../shared/data beside the checkout by default.
-DATA    ?= $(abspath ../shared/data)
+# The public datasets and vocabularies: ../shared/data beside the checkout when it exists, else
+# data/, which `make demo` fills from the datasets' public sources (gptkit data fetch).
+DATA    ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),$(abspath data))
 RUNS    ?= runs
 
 .PHONY: setup demo test bench lint clean
@@ -22,6 +23,7 @@ test: $(STAMP)
 	GPTKIT_DATA=$(DATA) $(PYTHON) -m pytest
 
 demo: $(STAMP)
+	@test -d "$(DATA)/gutenberg" || $(PYTHON) -m gptkit data fetch --demo --out "$(DATA)"
 	GPTKIT_DATA=$(DATA) $(PYTHON) -m gptkit demo --data $(DATA) --out $(RUNS)/demo
 
 bench: $(STAMP)

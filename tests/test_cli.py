@@ -154,3 +154,20 @@ def test_convert_and_tokenize_commands(data_dir, tmp_path):
     assert result.stdout.strip() == "hello world"
     result = gptkit("convert", tmp_path / "nowhere", tmp_path / "x")
     assert result.returncode == 2 and "no such directory" in result.stderr
+
+
+def test_data_fetch_from_a_mirror_verifies_checksums(data_dir, tmp_path):
+    result = gptkit("data", "fetch", "sst2", "gpt2_bpe", "--out", tmp_path / "data", "--mirror", data_dir)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "data" / "sst2" / "stsa.binary.dev").read_bytes() == (
+        data_dir / "sst2" / "stsa.binary.dev"
+    ).read_bytes()
+    assert (tmp_path / "data" / "gpt2_bpe" / "vocab.bpe").exists()
+    corrupt = tmp_path / "mirror" / "gpt2_bpe"
+    corrupt.mkdir(parents=True)
+    (corrupt / "encoder.json").write_text("{}")
+    result = gptkit("data", "fetch", "gpt2_bpe", "--out", tmp_path / "other", "--mirror", tmp_path / "mirror")
+    assert result.returncode == 2 and "checksum mismatch" in result.stderr
+    assert not (tmp_path / "other" / "gpt2_bpe" / "encoder.json").exists()
+    result = gptkit("data", "fetch", "imagenet", "--out", tmp_path / "x")
+    assert result.returncode == 2 and "unknown dataset" in result.stderr

@@ -291,10 +291,12 @@ def run_pretrain(shards, out, *extra, nproc=1):
     return [r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
 
 
-def test_two_processes_match_one_process(shards, tmp_path):
-    """torchrun with 2 CPU processes (DDP, gloo, no_sync accumulation) = 1 process, same global batch."""
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_match_one_process(shards, tmp_path, strategy):
+    """torchrun with 2 CPU processes (gloo; DDP with no_sync accumulation, or FSDP2) = 1 process,
+    same global batch."""
     single = run_pretrain(shards, tmp_path / "one")
-    double = run_pretrain(shards, tmp_path / "two", nproc=2)
+    double = run_pretrain(shards, tmp_path / "two", *(["--fsdp"] if strategy == "fsdp" else []), nproc=2)
     assert len(single) == len(double) == 6
     assert double == pytest.approx(single, abs=1e-5)
     # The model each wrote is the same model.

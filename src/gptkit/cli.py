@@ -323,6 +323,16 @@ def cmd_tradeoff(args) -> None:
     print(f"wrote {args.out}/tradeoff.json, tradeoff.txt, tradeoff.png")
 
 
+def cmd_data_fetch(args) -> None:
+    from gptkit.data.fetch import DEMO, SOURCES, fetch
+
+    names = list(SOURCES) if args.all else list(DEMO) if args.demo else args.names
+    if not names:
+        raise ValueError(f"name datasets to fetch ({', '.join(SOURCES)}), or --demo, or --all")
+    written = fetch(names, args.out, mirror=args.mirror)
+    print(f"{len(written)} file(s) written to {args.out}")
+
+
 def cmd_demo(args) -> None:
     from gptkit.demo import run_demo
 
@@ -424,6 +434,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.set_defaults(func=cmd_generate)
 
+    p = commands.add_parser("data", help="Sample datasets.")
+    sub = p.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    t = sub.add_parser("fetch", help="Fetch sample datasets from their public sources (or a local mirror).")
+    t.add_argument("names", nargs="*", help="Datasets: gpt1_bpe, gpt2_bpe, gutenberg, sst2, rte, ...")
+    t.add_argument("--demo", action="store_true", help="What `make demo` needs.")
+    t.add_argument("--all", action="store_true", help="Every dataset.")
+    t.add_argument("--out", default="data", help="Where to write them (default: data/).")
+    t.add_argument("--mirror", default=None, help="Copy from this local directory instead of downloading.")
+    t.set_defaults(func=cmd_data_fetch)
+
     p = commands.add_parser("perplexity", help="Perplexity of a text file (strided sliding window).")
     p.add_argument("--model", required=True)
     p.add_argument("--tokenizer", default=None)
@@ -476,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError, ImportError) as e:
+    except (ValueError, OSError, ImportError) as e:
         print(f"gptkit {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
