@@ -246,6 +246,7 @@ def test_finetune_end_to_end_from_scratch(tmp_path, data_dir):
     assert results["best"]["dev_accuracy"] >= 0.9
     run = tmp_path / "run"
     assert json.loads((run / "task.json").read_text())["spec"]["labels"] == ["neg", "pos"]
+    assert json.loads((run / "best.json").read_text())["score"] == results["best"]["dev_accuracy"]
     dev = read_table(tmp_path / "dev.csv", "classification", {"text": "review", "label": "sentiment"})
     metrics = evaluate_model(run, dev)
     assert metrics["accuracy"] == pytest.approx(results["best"]["dev_accuracy"])

@@ -52,6 +52,7 @@ from gptkit.train.loop import TrainConfig, Trainer
 
 HEAD_NAME = "task_head.safetensors"
 TASK_NAME = "task.json"
+BEST_NAME = "best.json"  # the dev score of the model at the top of the run directory
 
 # The paper's fine-tuning settings (§4.1): lr 6.25e-5, batch 32, 3 epochs, warm-up over 0.2% of
 # training, linear decay; the rest as in pre-training.
@@ -401,6 +402,8 @@ def _finetune(config: FinetuneConfig, train: TrainConfig, ctx: DistributedContex
     wrapped = wrap_model(model, ctx, fsdp=train.fsdp)
     task_info = {"spec": spec.to_dict(), "clf_dropout": config.clf_dropout, "lm_coef": config.lm_coef}
     best = {"score": -math.inf}
+    if config.resume and (out_dir / BEST_NAME).exists():  # the best epoch before the interruption
+        best.update(read_json(out_dir / BEST_NAME))
 
     def save_model(directory: Path, state: dict[str, torch.Tensor]) -> None:
         save_task_model(directory, gpt.config, state, task_info)
@@ -418,6 +421,7 @@ def _finetune(config: FinetuneConfig, train: TrainConfig, ctx: DistributedContex
                 for name in (CONFIG_NAME, SAFETENSORS_NAME, HEAD_NAME, TASK_NAME):
                     os.replace(out_dir / ".best.tmp" / name, out_dir / name)
                 shutil.rmtree(out_dir / ".best.tmp", ignore_errors=True)
+                write_json(out_dir / BEST_NAME, best)
         return metrics
 
     run_config = {
