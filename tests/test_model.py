@@ -277,6 +277,8 @@ def test_errors_name_the_numbers():
         model(torch.tensor([[1, 512]]))
     with pytest.raises(ValueError, match="token id -1"):
         model(torch.tensor([[-1, 2]]))
+    with pytest.raises(ValueError, match="must be 2-D"):
+        model(torch.tensor([1, 2]))
     with pytest.raises(ValueError, match="unknown preset"):
         GPTConfig.from_preset("gpt5")
 
@@ -373,21 +375,21 @@ def test_bad_directories_get_clear_errors(tmp_path):
 
 
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-autocast"])
-def test_chunked_loss_equals_full_logits_loss_and_gradients(bf16):
+def test_fused_loss_equals_full_logits_loss_and_gradients(bf16):
     """compute_logits=False computes the same loss and gradients without the (B, T, V) logits."""
     model = GPT(GPTConfig.from_preset("tiny", dropout=0.0))
     ids = torch.randint(0, 512, (3, 20))
     labels = ids.clone()
     labels[0, 5] = -100
     grads = []
-    for compute_logits in (True, False):
+    for compute_logits in (True, False):  # the plain path, then the fused one
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
             out = model(ids, labels=labels, compute_logits=compute_logits)
         out.loss.backward()
         grads.append((out.loss.detach(), [p.grad.clone() for p in model.parameters()]))
         model.zero_grad()
         assert (out.logits is None) != compute_logits
-    (full_loss, full_grads), (chunked_loss, chunked_grads) = grads
-    torch.testing.assert_close(chunked_loss, full_loss, atol=1e-5, rtol=1e-5)
-    for a, b in zip(full_grads, chunked_grads):
+    (full_loss, full_grads), (fused_loss, fused_grads) = grads
+    torch.testing.assert_close(fused_loss, full_loss, atol=1e-5, rtol=1e-5)
+    for a, b in zip(full_grads, fused_grads):
         torch.testing.assert_close(b, a, atol=1e-4 if bf16 else 1e-6, rtol=1e-2 if bf16 else 1e-5)

@@ -201,9 +201,9 @@ class GPT(nn.Module):
                 ``hidden_states``); with ``labels`` the output layer and the loss are then fused,
                 never holding fp32 logits for the whole batch: faster and much smaller.
         """
-        B, T = input_ids.shape
         past = cache.length if cache is not None else 0
         self._check_inputs(input_ids, past)
+        T = input_ids.size(1)
 
         if position_ids is None:
             if attention_mask is not None:
@@ -231,7 +231,7 @@ class GPT(nn.Module):
             loss = next_token_loss(logits, labels)
         elif labels is not None:
             # Without logits to return, the output layer and the loss are fused (no fp32 logits).
-            loss = chunked_next_token_loss(x, self.wte.weight, labels)
+            loss = fused_next_token_loss(x, self.wte.weight, labels)
         return GPTOutput(logits=logits, hidden_states=x, loss=loss)
 
     def _check_inputs(self, input_ids: torch.Tensor, past: int) -> None:
@@ -363,7 +363,7 @@ class _FusedLMLoss(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None
 
 
-def chunked_next_token_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def fused_next_token_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The loss of :func:`next_token_loss` from h_n and the tied output weight, fused (see above)."""
     d = hidden.size(-1)
     rows = hidden[:, :-1, :].reshape(-1, d)  # position i predicts token i+1
