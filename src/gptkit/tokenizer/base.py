@@ -15,6 +15,8 @@ class Tokenizer:
 
     style: str = ""
     special_tokens: dict[str, int]
+    encoder: dict[str, int]  # token string → id
+    merges: list[tuple[str, str]]  # BPE merges, highest priority first
 
     def encode(self, text: str) -> list[int]:
         raise NotImplementedError
@@ -54,9 +56,14 @@ class Tokenizer:
                 )
 
     def save_pretrained(self, directory: str | Path) -> None:
-        raise NotImplementedError
+        """Write ``encoder.json`` (token → id), ``vocab.bpe`` (merges) and ``tokenizer_config.json``."""
+        from gptkit.tokenizer.bpe import write_merges
 
-    def _write_config(self, directory: Path, files: dict[str, str]) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        write_json(directory / "encoder.json", self.encoder)
+        write_merges(directory / "vocab.bpe", self.merges)
+        files = {"encoder": "encoder.json", "merges": "vocab.bpe"}
         write_json(
             directory / TOKENIZER_CONFIG,
             {"style": self.style, "files": files, "special_tokens": self.special_tokens},

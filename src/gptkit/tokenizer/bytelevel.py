@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gptkit.checkpoint import read_json, write_json
+from gptkit.checkpoint import read_json
 from gptkit.tokenizer.base import Tokenizer
-from gptkit.tokenizer.bpe import read_merges, write_merges
+from gptkit.tokenizer.bpe import read_merges
 
 END_OF_TEXT = "<|endoftext|>"
 # GPT-2's pre-tokenizer: contractions, words, numbers, punctuation runs, whitespace.
@@ -133,10 +133,3 @@ class ByteLevelTokenizer(Tokenizer):
         array = np.asarray(ids, dtype=np.int64).reshape(-1)
         ranks = array if self._identity else self._id_to_rank[array]
         return self._encoding.decode_bytes(ranks.tolist())
-
-    def save_pretrained(self, directory: str | Path) -> None:
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        write_json(directory / "encoder.json", self.encoder)
-        write_merges(directory / "vocab.bpe", self.merges)
-        self._write_config(directory, {"encoder": "encoder.json", "merges": "vocab.bpe"})

@@ -21,9 +21,9 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from gptkit.checkpoint import read_json, write_json
+from gptkit.checkpoint import read_json
 from gptkit.tokenizer.base import Tokenizer
-from gptkit.tokenizer.bpe import BPE, read_merges, write_merges
+from gptkit.tokenizer.bpe import BPE, read_merges
 
 GPT1_SPECIAL_TOKENS = ["_start_", "_delimiter_", "_classify_"]
 END_OF_WORD = "</w>"
@@ -189,10 +189,3 @@ class GPT1Tokenizer(Tokenizer):
         self._check_ids(ids)
         text = "".join(self.decoder[int(i)] for i in ids)
         return text.replace(END_OF_WORD, " ").strip()
-
-    def save_pretrained(self, directory: str | Path) -> None:
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        write_json(directory / "encoder.json", self.encoder)
-        write_merges(directory / "vocab.bpe", self.merges)
-        self._write_config(directory, {"encoder": "encoder.json", "merges": "vocab.bpe"})
