@@ -324,3 +324,67 @@ def test_cli_config_file_resume_and_outputs(shards, tmp_path):
     assert again.returncode == 2 and "already holds a run: pass --resume" in again.stderr
     assert all(math.isfinite(x) for x in losses)
     assert np.isfinite(np.asarray(losses)).all()
+
+
+def test_kill_9_loses_only_the_steps_since_the_last_checkpoint(shards, tmp_path):
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    args = [
+        sys.executable,
+        "-m",
+        "gptkit",
+        "pretrain",
+        "--data",
+        str(shards),
+        "--out",
+        str(out),
+        "--preset",
+        "tiny",
+        "--context",
+        "32",
+        "--batch-size",
+        "4",
+        "--max-steps",
+        "100000",
+        "--warmup-steps",
+        "2",
+        "--checkpoint-every",
+        "3",
+        "--eval-every",
+        "0",
+        "--log-every",
+        "1",
+        "--no-progress",
+    ]
+    process = subprocess.Popen(
+        args,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    latest = out / "checkpoints" / "latest.json"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (latest.exists() and json.loads(latest.read_text())["step"] >= 6):
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    step = json.loads(latest.read_text())["step"]
+    assert step >= 6 and (out / "checkpoints" / f"step-{step:07d}" / "train_state.pt").exists()
+    resumed = subprocess.run(
+        [
+            *args[: args.index("--max-steps") + 1],
+            str(step + 2),
+            *args[args.index("--max-steps") + 2 :],
+            "--resume",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    steps = [r["step"] for r in read_metrics(out / "metrics.jsonl")]
+    assert steps == list(range(1, step + 3))  # nothing after the checkpoint survived; the rest redone
