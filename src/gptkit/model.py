@@ -342,12 +342,16 @@ class _FusedLMLoss(torch.autograd.Function):
             for start in range(0, hidden.size(0), chunk_rows):
                 rows = slice(start, start + chunk_rows)
                 logits = (h[rows] @ w.t()).float()
-                lse = torch.logsumexp(logits, dim=-1, keepdim=True)
                 chunk_targets = targets[rows].clamp(min=0)[:, None]
                 keep = valid[rows, None]
-                total += ((lse - logits.gather(1, chunk_targets)) * keep).sum()
-                probs = (logits - lse).exp_()
-                probs.scatter_add_(1, chunk_targets, -torch.ones_like(lse))
+                picked = logits.gather(1, chunk_targets)
+                # One exp pass gives both the log-sum-exp and the softmax.
+                row_max = logits.amax(dim=-1, keepdim=True)
+                probs = logits.sub_(row_max).exp_()
+                row_sum = probs.sum(dim=-1, keepdim=True)
+                total += ((row_max + row_sum.log() - picked) * keep).sum()
+                probs.div_(row_sum)
+                probs.scatter_add_(1, chunk_targets, -torch.ones_like(row_sum))
                 grad_logits[rows] = probs.mul_(keep / count)
         ctx.save_for_backward(h, w, grad_logits)
         ctx.hidden_dtype, ctx.weight_dtype = hidden.dtype, weight.dtype
