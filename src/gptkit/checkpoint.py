@@ -23,6 +23,7 @@ from gptkit.config import GPTConfig
 from gptkit.model import GPT, sinusoidal_positions
 
 CONFIG_NAME = "config.json"
+_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 SAFETENSORS_NAME = "model.safetensors"
 PYTORCH_NAME = "pytorch_model.bin"
 OPENAI_SHAPES_NAME = "params_shapes.json"
@@ -263,7 +264,7 @@ def load_pretrained(
     if not directory.is_dir():
         if directory.exists():
             raise ValueError(f"{source}: expected a model directory, found a file")
-        if os.sep in str(source) or str(source).startswith("."):
+        if not _HUB_NAME.fullmatch(str(source)):  # a path, not "name" or "organisation/name"
             raise FileNotFoundError(f"{source}: no such directory")
         directory = download_from_hub(str(source))
     if (directory / OPENAI_SHAPES_NAME).exists() and not (directory / CONFIG_NAME).exists():

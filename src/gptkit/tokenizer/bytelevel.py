@@ -128,8 +128,3 @@ class ByteLevelTokenizer(Tokenizer):
             )
         ranks = array if self._identity else self._id_to_rank[array]
         return self._encoding.decode(ranks.tolist(), errors="replace")
-
-    def decode_bytes(self, ids: Sequence[int]) -> bytes:
-        array = np.asarray(ids, dtype=np.int64).reshape(-1)
-        ranks = array if self._identity else self._id_to_rank[array]
-        return self._encoding.decode_bytes(ranks.tolist())

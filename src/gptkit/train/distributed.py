@@ -49,13 +49,6 @@ class DistributedContext:
         dist.all_gather_object(gathered, obj)
         return gathered
 
-    def broadcast_object(self, obj):
-        if not self.is_distributed:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
 
 def init_distributed(device: str | None = None) -> DistributedContext:
     """Read torchrun's environment and start the process group when there is more than one process."""
