@@ -12,6 +12,7 @@ import json
 import os
 import re
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -69,11 +70,40 @@ def write_json(path: str | Path, data: Any) -> None:
 
 
 def read_json(path: str | Path) -> Any:
+    """The JSON value in ``path``. A damaged file is a ValueError naming the file and the damage."""
+    path = Path(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path}: not UTF-8 text (invalid byte at offset {e.start}): the file is damaged or not JSON"
+        ) from e
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON (line {e.lineno}, column {e.colno}: {e.msg})") from e
+        where = f"line {e.lineno}, column {e.colno}: {e.msg}"
+        if not text.strip():
+            raise ValueError(f"{path}: not valid JSON: the file is empty") from e
+        # A file cut short fails at its very end, or inside a string that never closes.
+        if e.pos >= len(text.rstrip()) or e.msg.startswith("Unterminated string"):
+            raise ValueError(f"{path}: not valid JSON: the file ends early, it is truncated ({where})") from e
+        raise ValueError(f"{path}: not valid JSON ({where})") from e
+
+
+_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+
+
+def json_type_name(value: Any) -> str:
+    """How JSON calls the type of a decoded value ("an object", "a number", ...), for messages."""
+    return _JSON_TYPES.get(type(value), "a number")
+
+
+def read_json_object(path: str | Path) -> dict[str, Any]:
+    """A JSON file that must hold an object ``{...}``: anything else is a ValueError naming the file."""
+    value = read_json(path)
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object {{...}}, found {json_type_name(value)}")
+    return value
 
 
 def save_safetensors(
@@ -83,6 +113,83 @@ def save_safetensors(
 
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
     atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+
+
+_RESAVE = "re-download or re-save it"
+
+
+def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of a ``.safetensors`` file; a damaged file is a ValueError that names it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        return load_file(path)
+    except SafetensorError as e:
+        raise ValueError(
+            f"{path}: cannot be read ({e}): the file is truncated or not a safetensors file; {_RESAVE}"
+        ) from e
+
+
+def _torch_load(path: Path, remedy: str) -> Any:
+    """``torch.load`` of tensors, numbers and strings only; a damaged file is a ValueError naming it."""
+    try:
+        # weights_only: never unpickle arbitrary objects from a file someone handed us.
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except OSError:
+        raise  # missing or unreadable: the OS's message already names the file
+    except Exception as e:  # torch reports damage as RuntimeError, EOFError, KeyError, UnpicklingError...
+        cause = _one_line_cause(e)
+        if "Unsupported global" in cause:
+            problem = f"it holds Python objects other than tensors, which gptkit never unpickles ({cause})"
+        else:
+            problem = f"cannot be read ({cause}): the file is truncated or was not written by torch.save"
+        raise ValueError(f"{path}: {problem}; {remedy}") from e
+
+
+def _one_line_cause(error: Exception) -> str:
+    """The gist of torch.load's error, whose message can run over many lines of advice."""
+    text = str(error).strip()
+    # The weights-only unpickler wraps the actual problem in a page about PyTorch 2.6's defaults.
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1].strip()
+    first_sentence = text.splitlines()[0].split(". ", 1)[0][:200] if text else ""
+    return f"{type(error).__name__}: {first_sentence}" if first_sentence else type(error).__name__
+
+
+def read_pytorch_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of a ``pytorch_model.bin``; a damaged file is a ValueError that names it."""
+    path = Path(path)
+    state = _torch_load(path, _RESAVE)
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{path}: expected a dictionary of named tensors, found {type(state).__name__}")
+    return state
+
+
+# What Trainer.resume reads from train_state.pt.
+TRAIN_STATE_FIELDS = ("step", "optimizer", "data", "rng")
+
+
+def read_train_state(path: str | Path) -> dict[str, Any]:
+    """A training checkpoint's ``train_state.pt`` (step, optimizer moments, data position, RNG).
+
+    Any damage (truncated, garbage, missing fields) is a ValueError naming the file.
+    """
+    path = Path(path)
+    remedy = (
+        f"the checkpoint {path.parent.name} is damaged: point latest.json at an earlier step-* "
+        "directory, or start the run again without --resume"
+    )
+    state = _torch_load(path, remedy)
+    if not isinstance(state, dict):
+        raise ValueError(f"{path}: expected a dictionary, found {type(state).__name__}; {remedy}")
+    missing = [name for name in TRAIN_STATE_FIELDS if name not in state]
+    if missing:
+        raise ValueError(f"{path}: missing field(s) {', '.join(missing)}; {remedy}")
+    return state
 
 
 # Configs ---------------------------------------------------------------------------------------
@@ -126,10 +233,59 @@ def config_to_hf(config: GPTConfig) -> dict[str, Any]:
     return shared
 
 
+# The Hugging Face fields that config_to_hf derives from a GPTConfig, against what they come from.
+_HF_FIELD_SOURCES = {
+    "model_type": "ln_position, activation, scale_residual_init",
+    "vocab_size": "vocab_size + n_special",
+    "n_positions": "context_length",
+    "n_embd": "d_model",
+    "n_layer": "n_layer",
+    "n_head": "n_head",
+    "layer_norm_epsilon": "layer_norm_eps",
+    "initializer_range": "init_std",
+    "resid_pdrop": "dropout",
+    "embd_pdrop": "dropout",
+    "attn_pdrop": "dropout",
+    "afn": "activation",
+    "activation_function": "activation",
+}
+
+
+def _warn_on_disagreement(hf: dict[str, Any], config: GPTConfig, source: str) -> None:
+    """Warn when a hand edit made the Hugging Face fields say something else than the "gptkit" block."""
+    expected = config_to_hf(config)
+    disagreements = [
+        f"{name}={hf[name]!r} but the gptkit block gives {expected[name]!r} ({sources})"
+        for name, sources in _HF_FIELD_SOURCES.items()
+        if name in hf and name in expected and hf[name] != expected[name]
+    ]
+    if disagreements:
+        warnings.warn(
+            f"{source}: the Hugging Face fields disagree with the 'gptkit' block: {'; '.join(disagreements)}. "
+            "gptkit uses the 'gptkit' block (the weights were saved with it); edit both to agree, or "
+            "delete the 'gptkit' block to use the Hugging Face fields",
+            stacklevel=3,
+        )
+
+
 def config_from_hf(hf: dict[str, Any], source: str = CONFIG_NAME) -> GPTConfig:
-    """A GPTConfig from a ``config.json``: ours (the "gptkit" key) or one written by transformers."""
+    """A GPTConfig from a ``config.json``: ours (the "gptkit" key) or one written by transformers.
+
+    When both are present the "gptkit" block is used, with a warning for each Hugging Face field
+    that disagrees with it.
+    """
+    if not isinstance(hf, dict):
+        raise ValueError(f"{source}: expected a JSON object {{...}}, found {json_type_name(hf)}")
     if "gptkit" in hf:
-        return GPTConfig.from_dict(hf["gptkit"])
+        block = hf["gptkit"]
+        if not isinstance(block, dict):
+            raise ValueError(f"{source}: the 'gptkit' block must be an object, found {json_type_name(block)}")
+        try:
+            config = GPTConfig.from_dict(block)
+        except (TypeError, ValueError) as e:  # TypeError: a field of the wrong type, e.g. "12"
+            raise ValueError(f"{source}: the 'gptkit' block is invalid: {e}") from e
+        _warn_on_disagreement(hf, config, source)
+        return config
     model_type = hf.get("model_type")
     if model_type not in ("openai-gpt", "gpt2"):
         raise ValueError(
@@ -155,7 +311,7 @@ def config_from_hf(hf: dict[str, Any], source: str = CONFIG_NAME) -> GPTConfig:
             raise ValueError(
                 f"{source}: activation afn={afn!r} is not supported (expected one of {list(inverse)})"
             )
-        return GPTConfig(**common, ln_position="post", activation=inverse[afn])
+        return _checked_config(source, **common, ln_position="post", activation=inverse[afn])
     # gpt2
     inverse = {v: k for k, v in _GPT2_ACTIVATION.items()}
     act = hf.get("activation_function", "gelu_new")
@@ -170,7 +326,17 @@ def config_from_hf(hf: dict[str, Any], source: str = CONFIG_NAME) -> GPTConfig:
     for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"):
         if hf.get(flag):
             raise ValueError(f"{source}: {flag}=true is not supported")
-    return GPTConfig(**common, ln_position="pre", activation=inverse[act], scale_residual_init=True)
+    return _checked_config(
+        source, **common, ln_position="pre", activation=inverse[act], scale_residual_init=True
+    )
+
+
+def _checked_config(source: str, **fields: Any) -> GPTConfig:
+    """GPTConfig(**fields), with an invalid value reported against the file it came from."""
+    try:
+        return GPTConfig(**fields)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{source}: {e}") from e
 
 
 # State dicts -----------------------------------------------------------------------------------
@@ -249,11 +415,9 @@ def save_state_dict(config: GPTConfig, state: dict[str, torch.Tensor], directory
 
 def read_state_dict(directory: str | Path) -> dict[str, torch.Tensor]:
     """The parameters saved in a gptkit/HF directory, under our names."""
-    from safetensors.torch import load_file
-
     directory = Path(directory)
     config = config_from_hf(read_json(directory / CONFIG_NAME), str(directory / CONFIG_NAME))
-    return state_dict_from_hf(config, load_file(directory / SAFETENSORS_NAME))
+    return state_dict_from_hf(config, read_safetensors(directory / SAFETENSORS_NAME))
 
 
 def load_pretrained(
@@ -285,14 +449,11 @@ def _load_hf_directory(directory: Path) -> GPT:
         )
     config = config_from_hf(read_json(config_path), str(config_path))
     if (directory / SAFETENSORS_NAME).exists():
-        from safetensors.torch import load_file
-
         weights_path = directory / SAFETENSORS_NAME
-        state = load_file(weights_path)
+        state = read_safetensors(weights_path)
     elif (directory / PYTORCH_NAME).exists():
         weights_path = directory / PYTORCH_NAME
-        # weights_only: never unpickle arbitrary objects from a file someone handed us.
-        state = torch.load(weights_path, map_location="cpu", weights_only=True)
+        state = read_pytorch_weights(weights_path)
     else:
         raise FileNotFoundError(f"{directory}: no {SAFETENSORS_NAME} or {PYTORCH_NAME}")
     model = GPT(config)
@@ -331,6 +492,52 @@ _OPENAI_BLOCK_ORDER = [
 ]  # fmt: skip
 
 
+def _read_openai_shapes(path: Path) -> list[tuple[int, ...]]:
+    """``params_shapes.json``: a list of array shapes, each a list of positive integers."""
+    shapes = read_json(path)
+    if not isinstance(shapes, list):
+        raise ValueError(f"{path}: expected a JSON array of shapes, found {json_type_name(shapes)}")
+    for index, shape in enumerate(shapes):
+        if not (
+            isinstance(shape, list)
+            and shape
+            and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape)
+        ):
+            raise ValueError(f"{path}: entry {index} is {shape!r}, expected a shape such as [512, 768]")
+    return [tuple(shape) for shape in shapes]
+
+
+def _openai_param_files(directory: Path) -> list[Path]:
+    """``params_0.npy`` … ``params_{n-1}.npy`` in order; a gap in the numbering means a lost file."""
+    numbered = {}
+    for path in directory.glob("params_*.npy"):
+        match = re.fullmatch(r"params_(\d+)\.npy", path.name)
+        if match:
+            numbered[int(match.group(1))] = path
+    if not numbered:
+        raise FileNotFoundError(f"{directory}: {OPENAI_SHAPES_NAME} but no params_*.npy files")
+    missing = sorted(set(range(max(numbered) + 1)) - set(numbered))
+    if missing:
+        names = ", ".join(f"params_{i}.npy" for i in missing)
+        raise FileNotFoundError(
+            f"{directory}: {names} missing (the release has params_0.npy to params_9.npy)"
+        )
+    return [numbered[i] for i in sorted(numbered)]
+
+
+def _read_npy(path: Path) -> np.ndarray:
+    """One ``.npy`` array (no pickles); a damaged file is a ValueError that names it."""
+    try:
+        array = np.load(path, allow_pickle=False)
+    except (ValueError, EOFError) as e:  # numpy's reports of a short or foreign file
+        raise ValueError(
+            f"{path}: cannot be read ({e}): the file is truncated or not a .npy array; {_RESAVE}"
+        ) from e
+    if array.dtype.kind != "f":
+        raise ValueError(f"{path}: holds {array.dtype} numbers, expected floating-point weights")
+    return array
+
+
 def load_openai_release(directory: str | Path, n_head: int = 12, context_length: int | None = None) -> GPT:
     """Import ``params_shapes.json`` + ``params_0.npy`` … ``params_9.npy``.
 
@@ -340,26 +547,30 @@ def load_openai_release(directory: str | Path, n_head: int = 12, context_length:
     """
     directory = Path(directory)
     shapes_path = directory / OPENAI_SHAPES_NAME
-    shapes = [tuple(s) for s in read_json(shapes_path)]
+    shapes = _read_openai_shapes(shapes_path)
     if len(shapes) < 2 or (len(shapes) - 2) % len(_OPENAI_BLOCK_ORDER):
         raise ValueError(
             f"{shapes_path}: {len(shapes)} arrays; expected 2 embeddings plus "
             f"{len(_OPENAI_BLOCK_ORDER)} per block"
         )
-    files = sorted(directory.glob("params_*.npy"), key=lambda p: int(p.stem.split("_")[1]))
-    if not files:
-        raise FileNotFoundError(f"{directory}: {OPENAI_SHAPES_NAME} but no params_*.npy files")
-    flat = np.concatenate([np.load(f, allow_pickle=False).reshape(-1) for f in files])
+    flat = np.concatenate([_read_npy(f).reshape(-1) for f in _openai_param_files(directory)])
     sizes = [int(np.prod(s)) for s in shapes]
     if flat.size != sum(sizes):
         raise ValueError(
-            f"{directory}: params_*.npy hold {flat.size} numbers, {OPENAI_SHAPES_NAME} describes {sum(sizes)}"
+            f"{directory}: params_*.npy hold {flat.size} numbers, {OPENAI_SHAPES_NAME} describes {sum(sizes)}: "
+            f"a params_*.npy file is missing or damaged; {_RESAVE}"
         )
     arrays = [a.reshape(s) for a, s in zip(np.split(flat, np.cumsum(sizes)[:-1]), shapes)]
 
+    if len(shapes[0]) != 2 or len(shapes[1]) != 2 or shapes[0][1] != shapes[1][1]:
+        raise ValueError(
+            f"{shapes_path}: the first two arrays are {list(shapes[0])} and {list(shapes[1])}; expected "
+            "the position and token embeddings, [n_positions, d_model] and [vocab_size, d_model]"
+        )
     (n_positions, d_model), (vocab_size, _) = shapes[0], shapes[1]
     n_layer = (len(shapes) - 2) // len(_OPENAI_BLOCK_ORDER)
-    config = GPTConfig(
+    config = _checked_config(
+        str(shapes_path),
         vocab_size=vocab_size,
         context_length=context_length or n_positions,
         n_layer=n_layer,
@@ -375,5 +586,9 @@ def load_openai_release(directory: str | Path, n_head: int = 12, context_length:
                 array = array[0].T
             state[f"h.{i}.{name}"] = array
     model = GPT(config)
-    model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()})
+    try:
+        model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()})
+    except RuntimeError as e:  # a shape in params_shapes.json that no GPT-1 block has
+        first_line = str(e).strip().splitlines()[-1].strip()
+        raise ValueError(f"{shapes_path}: the shapes do not describe a GPT-1 model ({first_line})") from e
     return model.eval()

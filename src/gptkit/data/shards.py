@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from gptkit.checkpoint import read_json, write_json
+from gptkit.checkpoint import read_json_object, write_json
 from gptkit.tokenizer import Tokenizer
 
 META_NAME = "meta.json"
@@ -155,6 +155,61 @@ def prepare(
     return meta
 
 
+_REPREPARE = "re-run `gptkit prepare`"
+# The fields of meta.json that reading and training from shards rely on, and their JSON types.
+_META_FIELDS = {
+    "counts": dict,
+    "dtype": str,
+    "vocab_size": int,
+    "n_special": int,
+    "tokenizer_style": str,
+    "tokenizer": str,
+}
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _fits(value: object, kind: type) -> bool:
+    return _is_count(value) if kind is int else isinstance(value, kind)
+
+
+def read_meta(data_dir: str | Path) -> dict:
+    """``meta.json`` of a prepared directory, checked field by field; damage is a ValueError naming it."""
+    meta_path = Path(data_dir) / META_NAME
+    if not meta_path.exists():
+        raise FileNotFoundError(f"{data_dir}: no {META_NAME}; run `gptkit prepare` first")
+    try:
+        meta = read_json_object(meta_path)
+    except ValueError as e:
+        raise ValueError(f"{e}; {_REPREPARE}") from e
+    for name, kind in _META_FIELDS.items():
+        if name not in meta:
+            raise ValueError(f"{meta_path}: missing field {name!r}; {_REPREPARE}")
+        if not _fits(meta[name], kind):
+            expected = {dict: "an object", str: "a string", int: "a non-negative integer"}[kind]
+            raise ValueError(
+                f"{meta_path}: field {name!r} is {meta[name]!r}, expected {expected}; {_REPREPARE}"
+            )
+    counts = meta["counts"]
+    for split in ("train", "val"):
+        if not _is_count(counts.get(split)):
+            raise ValueError(
+                f"{meta_path}: counts.{split} is {counts.get(split)!r}, expected a token count; {_REPREPARE}"
+            )
+    try:
+        kind = np.dtype(meta["dtype"]).kind
+    except TypeError:
+        kind = None
+    if kind != "u":
+        raise ValueError(
+            f"{meta_path}: dtype {meta['dtype']!r} is not an unsigned integer type numpy knows "
+            f"(expected 'uint16' or 'uint32'); {_REPREPARE}"
+        )
+    return meta
+
+
 @dataclass
 class TokenShard:
     """A prepared split, memory-mapped."""
@@ -164,18 +219,30 @@ class TokenShard:
 
     @classmethod
     def open(cls, data_dir: str | Path, split: str) -> TokenShard:
+        """Map ``{split}.bin``; its size must be exactly the count in ``meta.json``."""
         data_dir = Path(data_dir)
-        meta_path = data_dir / META_NAME
-        if not meta_path.exists():
-            raise FileNotFoundError(f"{data_dir}: no {META_NAME}; run `gptkit prepare` first")
-        meta = read_json(meta_path)
+        meta = read_meta(data_dir)
+        if split not in meta["counts"]:
+            raise ValueError(f"{data_dir / META_NAME}: no count for the split {split!r}")
+        count, dtype = meta["counts"][split], np.dtype(meta["dtype"])
         path = data_dir / f"{split}.bin"
-        count = meta["counts"][split]
-        if count == 0:
-            tokens = np.zeros(0, dtype=meta["dtype"])
-        else:
-            tokens = np.memmap(path, dtype=meta["dtype"], mode="r", shape=(count,))
-        return cls(tokens=tokens, meta=meta)
+        if not path.exists():
+            if count == 0:
+                return cls(tokens=np.zeros(0, dtype=dtype), meta=meta)
+            raise FileNotFoundError(
+                f"{path}: no such file ({META_NAME} counts {count:,} tokens); {_REPREPARE}"
+            )
+        size, expected = path.stat().st_size, count * dtype.itemsize
+        if size != expected:
+            # Shorter: cut off while written or copied. Longer: from another run of prepare than meta.json.
+            problem = "truncated" if size < expected else f"longer than {META_NAME} says"
+            raise ValueError(
+                f"{path}: holds {size:,} bytes, but {META_NAME} counts {count:,} {dtype.name} tokens, "
+                f"{expected:,} bytes: the shard is {problem}; {_REPREPARE}"
+            )
+        if count == 0:  # np.memmap cannot map an empty file
+            return cls(tokens=np.zeros(0, dtype=dtype), meta=meta)
+        return cls(tokens=np.memmap(path, dtype=dtype, mode="r", shape=(count,)), meta=meta)
 
     def n_windows(self, context: int) -> int:
         return len(self.tokens) // context

@@ -5,23 +5,38 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+_RESAVE = "re-download or re-save it"
+
 
 def read_merges(path: str | Path) -> list[tuple[str, str]]:
-    """Read a ``vocab.bpe`` file: a ``#version`` line, then one ``left right`` merge per line."""
+    """Read a ``vocab.bpe`` file: a ``#version`` line, then one ``left right`` merge per line.
+
+    A damaged file (empty, not UTF-8, a line that is not a merge) is a ValueError naming it.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path}: not UTF-8 text (invalid byte at offset {e.start}): the file is damaged; {_RESAVE}"
+        ) from e
+    if not text:
+        raise ValueError(f"{path}: the file is empty; {_RESAVE}")
+    lines = text.split("\n")
     merges = []
-    with open(path, encoding="utf-8") as f:
-        for line_number, line in enumerate(f, start=1):
-            line = line.rstrip("\n")
-            if line_number == 1 and line.startswith("#version"):
-                continue
-            if not line:
-                continue
-            parts = line.split(" ")
-            if len(parts) != 2:
-                raise ValueError(
-                    f"{path}, line {line_number}: expected two symbols separated by a space, got {line!r}"
-                )
-            merges.append((parts[0], parts[1]))
+    for line_number, line in enumerate(lines, start=1):
+        if line_number == 1 and line.startswith("#version"):
+            continue
+        if not line:
+            continue
+        parts = line.split(" ")
+        if len(parts) != 2 or not all(parts):
+            message = f"{path}, line {line_number}: expected two symbols separated by a space, got {line!r}"
+            # Every merge line ends with a newline: a last line without one was cut short.
+            if line_number == len(lines):
+                message += f": the file ends inside this line, it is truncated; {_RESAVE}"
+            raise ValueError(message)
+        merges.append((parts[0], parts[1]))
     return merges
 
 

@@ -44,15 +44,28 @@ def byte_to_char() -> dict[int, str]:
     return table
 
 
+def _read_encoder(path: str | Path) -> dict[str, int]:
+    """``encoder.json``: token → id, the ids exactly 0 … n-1 (a damaged file is a ValueError)."""
+    encoder = read_json(path)
+    if not isinstance(encoder, dict):
+        raise ValueError(f"{path}: expected a JSON object mapping tokens to ids")
+    for token, token_id in encoder.items():
+        if not isinstance(token_id, int) or isinstance(token_id, bool) or not 0 <= token_id < len(encoder):
+            raise ValueError(
+                f"{path}: token {token!r} has id {token_id!r}, expected an integer in 0..{len(encoder) - 1}"
+            )
+    if len(set(encoder.values())) != len(encoder):
+        raise ValueError(f"{path}: some ids belong to more than one token; each token needs its own id")
+    return encoder
+
+
 class ByteLevelTokenizer(Tokenizer):
     style = "bytelevel"
 
     def __init__(self, encoder_path: str | Path, merges_path: str | Path):
         import tiktoken
 
-        encoder: dict[str, int] = read_json(encoder_path)
-        if not isinstance(encoder, dict):
-            raise ValueError(f"{encoder_path}: expected a JSON object mapping tokens to ids")
+        encoder = _read_encoder(encoder_path)
         self.encoder = encoder
         self.merges = read_merges(merges_path)
         char_to_byte = {c: b for b, c in byte_to_char().items()}
@@ -79,8 +92,11 @@ class ByteLevelTokenizer(Tokenizer):
                 continue
             rank = bytes_to_rank.get(to_bytes(token, str(encoder_path)))
             if rank is None:
+                # Usually vocab.bpe lost its last lines, or the two files come from different vocabularies.
                 raise ValueError(
-                    f"{encoder_path}: token {token!r} is neither a single byte nor made by a merge"
+                    f"{encoder_path}: token {token!r} is neither a single byte nor made by one of the "
+                    f"{len(self.merges):,} merges in {merges_path}: that file is truncated, or the two "
+                    "files do not belong together"
                 )
             rank_to_id[rank] = token_id
             self._id_to_rank[token_id] = rank
