@@ -2,6 +2,7 @@
 
 from gptkit.tokenizer.base import Tokenizer
 from gptkit.tokenizer.bytelevel import END_OF_TEXT, ByteLevelTokenizer
+from gptkit.tokenizer.detokenizer import detokenize
 from gptkit.tokenizer.gpt1 import GPT1_SPECIAL_TOKENS, GPT1Tokenizer, text_standardize
 from gptkit.tokenizer.train import train_bpe
 
@@ -11,6 +12,7 @@ __all__ = [
     "ByteLevelTokenizer",
     "GPT1Tokenizer",
     "Tokenizer",
+    "detokenize",
     "text_standardize",
     "train_bpe",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from gptkit.checkpoint import read_json, write_json
+from gptkit.checkpoint import read_json_object, write_json
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 
@@ -26,6 +26,11 @@ class Tokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         raise NotImplementedError
+
+    def decode_text(self, ids: Sequence[int]) -> str:
+        """The ids as text a person reads. ``decode`` gives the tokenizer's raw joining; a tokenizer
+        whose raw text is not how people write (GPT-1's space-separated tokens) overrides this."""
+        return self.decode(ids)
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -80,7 +85,7 @@ class Tokenizer:
             raise FileNotFoundError(f"{directory}: no such tokenizer directory")
         config_path = directory / TOKENIZER_CONFIG
         if config_path.exists():
-            config = read_json(config_path)
+            config = read_json_object(config_path)
             style, files = config.get("style"), config.get("files", {})
             try:
                 encoder, merges = directory / files["encoder"], directory / files["merges"]

@@ -24,6 +24,7 @@ from pathlib import Path
 from gptkit.checkpoint import read_json
 from gptkit.tokenizer.base import Tokenizer
 from gptkit.tokenizer.bpe import BPE, read_merges
+from gptkit.tokenizer.detokenizer import detokenize
 
 GPT1_SPECIAL_TOKENS = ["_start_", "_delimiter_", "_classify_"]
 END_OF_WORD = "</w>"
@@ -189,3 +190,8 @@ class GPT1Tokenizer(Tokenizer):
         self._check_ids(ids)
         text = "".join(self.decoder[int(i)] for i in ids)
         return text.replace(END_OF_WORD, " ").strip()
+
+    def decode_text(self, ids: Sequence[int]) -> str:
+        """The ids as written text: ``decode``'s space-separated tokens put back together
+        (``did n't`` → ``didn't``, no space before punctuation), see ``detokenize``."""
+        return detokenize(self.decode(ids))
