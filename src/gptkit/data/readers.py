@@ -7,6 +7,10 @@ where it is. Fields by task:
     entailment        premise, hypothesis      label
     similarity        text_a, text_b           label (a class, or a score with regression)
     multiple_choice   context, choices (list)  label (the index of the right choice)
+                      question (optional)
+
+A question (RACE-style: story, question, answers) is read from your own files only; the public
+readers have none (Story Cloze asks nothing, MCTest's statements merge question and answer).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ TEXT_FIELDS: dict[str, tuple[str, ...]] = {
     "similarity": ("text_a", "text_b"),
     "multiple_choice": ("context", "choices"),
 }
+# Fields a task can do without; an example carries one only when its file gives it.
+OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {"multiple_choice": ("question",)}
 
 
 class DataError(ValueError):
@@ -46,7 +52,8 @@ def _error(source: str, message: str) -> DataError:
 
 
 def _check_text(example: Example, task: str) -> None:
-    for name in TEXT_FIELDS[task]:
+    given = [name for name in OPTIONAL_FIELDS.get(task, ()) if name in example.fields]
+    for name in (*TEXT_FIELDS[task], *given):
         value = example.fields.get(name)
         if name == "choices":
             if not isinstance(value, list) or len(value) < 2:
@@ -111,20 +118,34 @@ def read_table(
     path: str | Path, task: str, columns: dict[str, str | list[str]] | None = None
 ) -> list[Example]:
     """Read a user file. ``columns`` maps the task's fields (and ``label``) to column names; by default
-    the field names themselves are the columns."""
+    the field names themselves are the columns.
+
+    An optional field (multiple choice's ``question``) is read when ``columns`` names it or when the
+    file's first row has a column of the field's own name; from then on every row must have that
+    column, and an empty question is an error like any empty text (``--skip-bad-rows`` skips it).
+    """
     if task not in TASKS:
         raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
-    wanted = list(TEXT_FIELDS[task]) + ["label"]
     columns = dict(columns or {})
-    mapping = {name: columns.get(name, name) for name in wanted}
+    wanted = list(TEXT_FIELDS[task]) + ["label"]
+    optional = [name for name in OPTIONAL_FIELDS.get(task, ()) if name in columns]
+    mapping = {name: columns.get(name, name) for name in wanted + optional}
     examples = []
-    for line_number, row in _rows(path):
+    for index, (line_number, row) in enumerate(_rows(path)):
         source = f"{path}, line {line_number}"
+        if index == 0:
+            # The first row decides for the file: a column named like an optional field is used.
+            optional += [
+                name
+                for name in OPTIONAL_FIELDS.get(task, ())
+                if name not in optional and row.get(name) is not None
+            ]
+            mapping.update({name: columns.get(name, name) for name in optional})
         values: dict[str, str | list[str]] = {}
-        for name in wanted:
+        for name in wanted + optional:
             column = mapping[name]
             names = column if isinstance(column, list) else [column]
             for c in names:

@@ -6,10 +6,13 @@ With start ``<s>`` = ``_start_``, delimiter ``$`` = ``_delimiter_`` and extract 
     entailment        <s> premise $ hypothesis <e>
     similarity        <s> a $ b <e>   and   <s> b $ a <e>        (both orders)
     multiple choice   <s> context $ answer_k <e>                 (one sequence per answer)
+                      <s> context question $ answer_k <e>        (with a question: [z; q; $; a_k])
 
 Truncation: when a sequence would not fit in ``max_length`` tokens, its longest text segment loses
 tokens from its end, one at a time, until it fits (so a long context gives way before a short
-answer). The same rule runs at training and at test time.
+answer). With a question, the context alone gives way first, from its end, and the question and
+answer lose tokens (longest first) only when they do not fit by themselves. The same rules run at
+training and at test time.
 """
 
 from __future__ import annotations
@@ -71,10 +74,25 @@ def fit_segments(segments: list[list[int]], budget: int) -> list[list[int]]:
     return [s[:n] for s, n in zip(segments, lengths)]
 
 
+def fit_document_first(document: list[int], kept: list[list[int]], budget: int) -> list[list[int]]:
+    """Cut ``document`` from its end until the ``kept`` segments fit beside it in ``budget`` tokens;
+    if they alone are too long, the document is dropped and they share the budget by ``fit_segments``.
+
+    Returns the document followed by the kept segments.
+    """
+    kept = fit_segments(kept, budget)
+    room = budget - sum(len(s) for s in kept)
+    return [document[:room], *kept]
+
+
 def build_sequences(
     task: str, parts: dict[str, list[int] | list[list[int]]], specials: dict[str, int], max_length: int
 ) -> list[list[int]]:
-    """Token sequences for one example, in the layouts of the module docstring."""
+    """Token sequences for one example, in the layouts of the module docstring.
+
+    ``parts`` maps each field to its tokens (``choices`` to one list per answer); a multiple-choice
+    ``question`` is optional and goes between the context and the delimiter.
+    """
     start, delim, extract = specials["_start_"], specials["_delimiter_"], specials["_classify_"]
     if task == "classification":
         (text,) = fit_segments([parts["text"]], max_length - 2)
@@ -85,10 +103,22 @@ def build_sequences(
     if task == "similarity":
         a, b = fit_segments([parts["text_a"], parts["text_b"]], max_length - 3)
         return [[start, *a, delim, *b, extract], [start, *b, delim, *a, extract]]
+    question = parts.get("question")
     sequences = []
     for answer in parts["choices"]:
-        context, answer = fit_segments([parts["context"], answer], max_length - 3)
-        sequences.append([start, *context, delim, *answer, extract])
+        if question is None:
+            context, answer = fit_segments([parts["context"], answer], max_length - 3)
+            sequences.append([start, *context, delim, *answer, extract])
+            continue
+        # The question says what to look for and the answer is what gets scored: a question or answer
+        # cut short can no longer be judged, while a document cut short usually still holds the
+        # evidence (a RACE passage runs to hundreds of tokens, its question and answers to a few).
+        # So the document gives way entirely before either loses a token — unlike fit_segments,
+        # which would start cutting the question once the document shrank to the question's length.
+        context, question_kept, answer = fit_document_first(
+            parts["context"], [question, answer], max_length - 3
+        )
+        sequences.append([start, *context, *question_kept, delim, *answer, extract])
     return sequences
 
 
