@@ -160,6 +160,7 @@ def loop_config(**overrides) -> TrainConfig:
         log_every=1,
         progress=False,
         seed=7,
+        precision="fp32",  # numerics compared to 1e-6 must not depend on the CPU's bf16 support
     )
     return TrainConfig(**{**values, **overrides})
 
@@ -268,6 +269,8 @@ def run_pretrain(shards, out, *extra, nproc=1):
         "3",
         "--checkpoint-every",
         "3",
+        "--precision",
+        "fp32",
         "--no-progress",
         *extra,
     ]
@@ -307,11 +310,19 @@ def test_two_processes_match_one_process(shards, tmp_path, strategy):
 
 def test_cli_config_file_resume_and_outputs(shards, tmp_path):
     config = tmp_path / "run.yaml"
-    config.write_text("train:\n  weight_decay: 0.05\n  seed: 3\n")
+    config.write_text("train:\n  weight_decay: 0.05\n  seed: 3\n  schedule: constant\n")
     out = tmp_path / "run"
     losses = run_pretrain(shards, out, "--config", str(config))
     resolved = json.loads((out / "run_config.json").read_text())
     assert resolved["train"]["weight_decay"] == 0.05 and resolved["train"]["seed"] == 3
+    assert resolved["resolved"]["precision"] == "fp32" and resolved["resolved"]["max_steps"] == 6
+    # --resume continues the run: with a constant rate (the schedule does not depend on the length),
+    # 6 updates + 3 resumed ones equal 9 updates straight through.
+    resumed = run_pretrain(shards, out, "--config", str(config), "--resume", "--max-steps", "9")
+    straight = run_pretrain(shards, tmp_path / "straight", "--config", str(config), "--max-steps", "9")
+    assert resumed[:6] == losses and len(resumed) == 9
+    assert resumed == pytest.approx(straight, abs=1e-6)
+    assert json.loads((out / "checkpoints" / "latest.json").read_text())["step"] == 9
     for name in ("config.json", "model.safetensors", "encoder.json", "loss.png"):
         assert (out / name).exists(), name
     assert GPT.from_pretrained(out).config.context_length == 32
@@ -388,3 +399,135 @@ def test_kill_9_loses_only_the_steps_since_the_last_checkpoint(shards, tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl")]
     assert steps == list(range(1, step + 3))  # nothing after the checkpoint survived; the rest redone
+
+
+# Configs check themselves; time budgets ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (dict(max_steps=0), r"max_steps \(--max-steps\): must be a positive number of updates, got 0"),
+        (dict(checkpoint_every=0), r"checkpoint_every .*must be a positive number of updates, got 0"),
+        (dict(keep_checkpoints=0), r"keep_checkpoints .*must be positive, got 0"),
+        (dict(eval_every=-1), r"eval_every .*must be >= 0"),
+        (dict(batch_size=10, micro_batch_size=4), r"4 does not divide the batch of 10: .* such as 2"),
+        (dict(max_steps=10, warmup_steps=20), r"20 warm-up updates are more than the 10 of training"),
+        (dict(precision="fp16"), r"precision .*must be one of auto, fp32, bf16, got 'fp16'"),
+        (dict(lr=0), r"lr .*must be > 0"),
+        (dict(beta2=1.0), r"beta2 .*must be in \[0, 1\)"),
+        (dict(time_budget="5 minutes"), r"expected a duration such as 90s, 5m or 1h30m"),
+    ],
+)
+def test_train_config_rejects_bad_values_saying_what_to_change(values, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig(**values)
+
+
+def test_default_warmup_is_the_papers_2000_capped_at_a_tenth_of_training():
+    assert TrainConfig().warmup_for(100_000) == 2000
+    assert TrainConfig(max_steps=300).warmup_for(300) == 30
+    assert TrainConfig(warmup_steps=5).warmup_for(300) == 5
+
+
+def test_parse_duration():
+    from gptkit.train.loop import parse_duration
+
+    assert parse_duration("90") == parse_duration("90s") == 90
+    assert parse_duration("5m") == 300 and parse_duration("1h30m") == 5400 and parse_duration("2.5m") == 150
+    for bad in ("", "m", "5x", "0s", "-3s"):
+        with pytest.raises(ValueError, match="time budget"):
+            parse_duration(bad)
+
+
+class FakeClock:
+    """Time that passes only when the trainer works: ``update`` seconds a batch, ``evaluation`` an eval."""
+
+    def __init__(self, trainer, update: float, evaluation: float):
+        self.now, self.update, self.evaluation = 0.0, update, evaluation
+        trainer.clock = lambda: self.now
+        next_batch, evaluate = trainer.data.next_batch, trainer.evaluate
+
+        def timed_batch():
+            self.now += self.update
+            return next_batch()
+
+        def timed_evaluate(model):
+            self.now += self.evaluation
+            return evaluate(model)
+
+        trainer.data.next_batch, trainer.evaluate = timed_batch, timed_evaluate
+
+
+def budget_config(**overrides) -> TrainConfig:
+    values = dict(max_steps=100_000, warmup_steps=10_000, eval_every=10, checkpoint_every=10_000)
+    return TrainConfig(**{**loop_config().__dict__, **values, "time_budget": "100s", **overrides})
+
+
+def test_time_budget_plans_the_schedule_for_the_updates_that_fit(shards, tmp_path):
+    """1 s an update and 5 s an evaluation, 100 s: after 5 updates (5 s) and one timed evaluation (5 s),
+    97% of the budget less that and the final evaluation leaves 82 s at 1 + 5/10 s an update: 54
+    more updates, 59 in all."""
+    config = budget_config()
+    trainer, _ = make_trainer(shards, tmp_path, config)
+    FakeClock(trainer, update=1.0, evaluation=5.0)
+    trainer.fit()
+    plan = json.loads((tmp_path / "run_config.json").read_text())["resolved"]["time_budget_plan"]
+    assert plan["planned_steps"] == 59 and trainer.step == 59
+    assert plan["seconds_per_update"] == 1.0 and plan["seconds_per_evaluation"] == 5.0
+    assert plan["warmup_steps"] == round(10_000 * 59 / 100_000) == 6  # warm-up keeps its share
+    assert json.loads((tmp_path / "checkpoints" / "latest.json").read_text())["step"] == 59
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    lrs = [r["lr"] for r in records if "lr" in r]
+    assert lrs[-1] == pytest.approx(learning_rate(58, 3e-3, 6, 59, "cosine"))
+    assert [r["step"] for r in records if "val_loss" in r] == [5, 10, 20, 30, 40, 50, 59]
+    assert config.max_steps == 100_000  # the caller's config is not changed
+
+
+def test_time_budget_stops_at_the_deadline_with_a_checkpoint(shards, tmp_path):
+    trainer, _ = make_trainer(shards, tmp_path, budget_config(eval_every=0))
+    clock = FakeClock(trainer, update=1.0, evaluation=0.0)
+    slow_down = trainer.data.next_batch
+
+    def slower():  # updates take 3 s once the plan is made: the plan cannot hold
+        if trainer.plan:
+            clock.now += 2.0
+        return slow_down()
+
+    trainer.data.next_batch = slower
+    trainer.fit()
+    assert trainer.plan["planned_steps"] == 97 and trainer.plan["stopped_at_deadline"]
+    assert trainer.step == 5 + 32  # 5 s, then 3 s an update until 100 s have passed
+    assert json.loads((tmp_path / "checkpoints" / "latest.json").read_text())["step"] == 37
+
+
+def test_resuming_a_budgeted_run_keeps_its_plan(shards, tmp_path):
+    first, _ = make_trainer(shards, tmp_path, budget_config(eval_every=0), interrupt_at=9)
+    FakeClock(first, update=1.0, evaluation=0.0)
+    with pytest.raises(KeyboardInterrupt):
+        first.fit()
+    assert first.plan["planned_steps"] == 97
+    second, _ = make_trainer(shards, tmp_path, budget_config(eval_every=0), model=small_model())
+    second.resume(second.latest_checkpoint(), read_state_dict)
+    assert (second.max_steps, second.warmup_steps, second.step) == (97, first.warmup_steps, 8)
+
+
+def test_init_with_dropout_applies_the_rate_to_every_layer(shards, tmp_path):
+    model = small_model(dropout=0.1)
+    model.set_dropout(0.3)
+    rates = {m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)}
+    assert rates == {0.3} and all(block.attn.dropout == 0.3 for block in model.h)
+    assert model.config.dropout == 0.3
+    # A rate of 0 in training mode computes exactly what evaluation mode does.
+    model.set_dropout(0.0)
+    ids = torch.randint(0, 100, (2, 16))
+    torch.testing.assert_close(model.train()(ids).logits, model.eval()(ids).logits)
+    # Through the command: the recorded rate is the one the layers used.
+    start = tmp_path / "start"
+    small_model().save_pretrained(start)
+    out = tmp_path / "run"
+    run_pretrain(shards, out, "--init", str(start), "--dropout", "0.3", "--max-steps", "2")
+    assert json.loads((out / "run_config.json").read_text())["model"]["dropout"] == 0.3
+    assert GPT.from_pretrained(out).config.dropout == 0.3
+    with pytest.raises(ValueError, match=r"dropout must be in \[0, 1\)"):
+        small_model().set_dropout(1.0)

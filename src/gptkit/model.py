@@ -12,6 +12,7 @@ Face checkpoints (``wte``, ``wpe``, ``h.N.attn.c_attn``, ...) so published weigh
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -267,6 +268,16 @@ class GPT(nn.Module):
             # A padding query still attends to itself, so its row is never all -inf (no NaN).
             mask = mask & (keep | (key_pos == query_pos))
         return mask
+
+    def set_dropout(self, rate: float) -> None:
+        """Use dropout ``rate`` everywhere (embeddings, attention weights, residual branches) from now on,
+        e.g. for fine-tuning loaded weights with another rate; ``config.dropout`` records it."""
+        self.config = dataclasses.replace(self.config, dropout=rate)  # checks 0 <= rate < 1
+        for module in self.modules():
+            if isinstance(module, nn.Dropout):
+                module.p = rate
+            elif isinstance(module, CausalSelfAttention):
+                module.dropout = rate
 
     # Special tokens ------------------------------------------------------------------------------
 

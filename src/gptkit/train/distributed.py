@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from gptkit.hardware import resolve_device
+
 
 @dataclass
 class DistributedContext:
@@ -50,18 +52,18 @@ class DistributedContext:
         return gathered
 
 
-def init_distributed(device: str | None = None) -> DistributedContext:
-    """Read torchrun's environment and start the process group when there is more than one process."""
+def init_distributed(device: str | None = "auto") -> DistributedContext:
+    """Read torchrun's environment and start the process group when there is more than one process.
+
+    ``device``: auto (CUDA, then MPS, then CPU), cpu, cuda or mps; see :func:`gptkit.hardware.resolve_device`.
+    """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda":
-        torch.cuda.set_device(local_rank)
+    torch_device = resolve_device(device)
+    if torch_device.type == "cuda" and torch_device.index is None:
+        torch.cuda.set_device(local_rank)  # one GPU per process, as torchrun numbers them
         torch_device = torch.device("cuda", local_rank)
-    else:
-        torch_device = torch.device(device)
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if torch_device.type == "cuda" else "gloo")
     return DistributedContext(rank=rank, world_size=world_size, local_rank=local_rank, device=torch_device)

@@ -14,6 +14,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.nn as nn
@@ -23,6 +24,7 @@ from gptkit.checkpoint import (
     CONFIG_NAME,
     SAFETENSORS_NAME,
     read_json,
+    read_safetensors,
     read_state_dict,
     save_safetensors,
     save_state_dict,
@@ -39,6 +41,7 @@ from gptkit.data.tasks import (
     special_token_ids,
 )
 from gptkit.evaluate.metrics import classification_metrics, regression_metrics
+from gptkit.hardware import resolve_device
 from gptkit.model import GPT
 from gptkit.tokenizer import Tokenizer
 from gptkit.train.distributed import (
@@ -54,23 +57,39 @@ HEAD_NAME = "task_head.safetensors"
 TASK_NAME = "task.json"
 BEST_NAME = "best.json"  # the dev score of the model at the top of the run directory
 
-# The paper's fine-tuning settings (§4.1): lr 6.25e-5, batch 32, 3 epochs, warm-up over 0.2% of
-# training, linear decay; the rest as in pre-training.
-FINETUNE_DEFAULTS = dict(
-    lr=6.25e-5,
-    batch_size=32,
-    schedule="linear",
-    max_steps=None,
-    warmup_steps=None,
-    eval_every=None,
-    checkpoint_every=None,
-)
 WARMUP_FRACTION = 0.002
 
 
-def finetune_train_config(**overrides) -> TrainConfig:
-    """TrainConfig with the paper's fine-tuning defaults; unset step counts follow the epochs."""
-    return TrainConfig(**{**FINETUNE_DEFAULTS, **overrides})
+@dataclass
+class FinetuneTrainConfig(TrainConfig):
+    """Optimisation settings with the paper's fine-tuning defaults (§4.1): lr 6.25e-5, batch 32,
+    warm-up over 0.2% of training, linear decay; unset step counts follow the epochs."""
+
+    max_steps: int | None = field(
+        default=None, metadata={"help": "Optimizer updates to run (default: epochs × updates per epoch)."}
+    )
+    batch_size: int = field(default=32, metadata={"help": "Global batch, in examples, per update."})
+    lr: float = field(default=6.25e-5, metadata={"help": "Maximum learning rate."})
+    warmup_steps: int | None = field(
+        default=None, metadata={"help": "Linear warm-up updates from 0 (default: 0.2% of training)."}
+    )
+    schedule: Literal["cosine", "linear", "constant"] = field(
+        default="linear", metadata={"help": "Decay after warm-up, to 0 at max_steps."}
+    )
+    eval_every: int | None = field(
+        default=None, metadata={"help": "Evaluate on the dev set every N updates (default: every epoch)."}
+    )
+    checkpoint_every: int | None = field(
+        default=None, metadata={"help": "Checkpoint every N updates (default: every epoch)."}
+    )
+
+    def default_warmup(self, max_steps: int) -> int:
+        return max(1, round(WARMUP_FRACTION * max_steps))
+
+
+def finetune_train_config(**overrides) -> FinetuneTrainConfig:
+    """The paper's fine-tuning settings, with any field overridden."""
+    return FinetuneTrainConfig(**overrides)
 
 
 @dataclass
@@ -158,14 +177,12 @@ def save_task_model(
 
 
 def read_task_state(directory: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
     state = {f"gpt.{k}": v for k, v in read_state_dict(directory).items()}
-    state.update({f"head.{k}": v for k, v in load_file(directory / HEAD_NAME).items()})
+    state.update({f"head.{k}": v for k, v in read_safetensors(directory / HEAD_NAME).items()})
     return state
 
 
-def load_task_model(directory: str | Path, device: str | None = None) -> tuple[TaskModel, Tokenizer]:
+def load_task_model(directory: str | Path, device: str | None = "auto") -> tuple[TaskModel, Tokenizer]:
     """A fine-tuned model (and its tokenizer) saved by ``gptkit finetune``."""
     directory = Path(directory)
     if not (directory / TASK_NAME).exists():
@@ -176,7 +193,7 @@ def load_task_model(directory: str | Path, device: str | None = None) -> tuple[T
         GPT.from_pretrained(directory), spec, info.get("clf_dropout", 0.1), info.get("lm_coef", 0.5)
     )
     model.load_state_dict(read_task_state(directory))
-    return model.to(device or "cpu").eval(), Tokenizer.from_pretrained(directory)
+    return model.to(resolve_device(device)).eval(), Tokenizer.from_pretrained(directory)
 
 
 # Data --------------------------------------------------------------------------------------------
@@ -309,7 +326,32 @@ class FinetuneConfig:
     resume: bool = field(
         default=False, metadata={"help": "Continue the run in --out from its latest checkpoint."}
     )
-    device: str | None = field(default=None, metadata={"help": "cpu or cuda."})
+    device: str = field(
+        default="auto", metadata={"help": "auto (CUDA, then MPS, then CPU), cpu, cuda or mps."}
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "eval_batch_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(
+                    f"FinetuneConfig.{name} (--{name.replace('_', '-')}): must be positive, got {getattr(self, name)}"
+                )
+        for name in ("max_length", "max_train_examples", "n_layer", "n_head", "d_model", "context"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(
+                    f"FinetuneConfig.{name} (--{name.replace('_', '-')}): must be positive, got {value}"
+                )
+        if not 0.0 <= self.clf_dropout < 1.0:
+            raise ValueError(
+                f"FinetuneConfig.clf_dropout (--clf-dropout): must be in [0, 1), got {self.clf_dropout}"
+            )
+        if self.lm_coef < 0:
+            raise ValueError(f"FinetuneConfig.lm_coef (--lm-coef): λ must be >= 0, got {self.lm_coef}")
+        if self.transfer_layers is not None and self.transfer_layers < 0:
+            raise ValueError(
+                f"FinetuneConfig.transfer_layers (--transfer-layers): must be >= 0, got {self.transfer_layers}"
+            )
 
 
 def _build_gpt(config: FinetuneConfig, tokenizer: Tokenizer) -> GPT:
@@ -339,8 +381,9 @@ def finetune(config: FinetuneConfig, train: TrainConfig) -> dict:
 def _finetune(config: FinetuneConfig, train: TrainConfig, ctx: DistributedContext) -> dict:
     if config.dataset and config.dataset in DATASETS:
         spec_info = DATASETS[config.dataset]
-        config.task = config.task or spec_info.task
-        config.regression = config.regression or spec_info.regression
+        config = dataclasses.replace(  # a copy: the caller's config stays as given
+            config, task=config.task or spec_info.task, regression=config.regression or spec_info.regression
+        )
         metric = spec_info.metric
     else:
         metric = "pearson" if config.regression else "accuracy"
@@ -391,14 +434,15 @@ def _finetune(config: FinetuneConfig, train: TrainConfig, ctx: DistributedContex
     model = TaskModel(gpt, spec, config.clf_dropout, config.lm_coef).to(ctx.device)
     torch.manual_seed(train.seed + ctx.rank)
     data = FinetuneBatches(encoded_train, train.batch_size, train.seed, ctx, spec.regression)
-    if train.max_steps is None:
-        train.max_steps = config.epochs * data.steps_per_epoch
-    if train.warmup_steps is None:
-        train.warmup_steps = max(1, round(WARMUP_FRACTION * train.max_steps))
-    if train.eval_every is None:
-        train.eval_every = data.steps_per_epoch
-    if train.checkpoint_every is None:
-        train.checkpoint_every = data.steps_per_epoch
+    # Step counts left unset follow the epochs; a copy, so the caller's config is never changed.
+    max_steps = train.max_steps or config.epochs * data.steps_per_epoch
+    train = dataclasses.replace(
+        train,
+        max_steps=max_steps,
+        warmup_steps=train.warmup_for(max_steps),
+        eval_every=data.steps_per_epoch if train.eval_every is None else train.eval_every,
+        checkpoint_every=train.checkpoint_every or data.steps_per_epoch,
+    )
     wrapped = wrap_model(model, ctx, fsdp=train.fsdp)
     task_info = {"spec": spec.to_dict(), "clf_dropout": config.clf_dropout, "lm_coef": config.lm_coef}
     best = {"score": -math.inf}
@@ -468,19 +512,23 @@ def _examples_for(model: TaskModel, tokenizer: Tokenizer, examples: list[Example
     return encoded
 
 
-def evaluate_model(model_dir: str | Path, examples: list[Example], batch_size: int = 64) -> dict[str, float]:
-    model, tokenizer = load_task_model(model_dir)
+def evaluate_model(
+    model_dir: str | Path, examples: list[Example], batch_size: int = 64, device: str = "auto"
+) -> dict[str, float]:
+    model, tokenizer = load_task_model(model_dir, device)
     encoded = _examples_for(model, tokenizer, examples, require_labels=True)
-    logits = predict_logits(model, encoded, batch_size, "cpu")
+    logits = predict_logits(model, encoded, batch_size, next(model.parameters()).device)
     return {"examples": len(encoded), **task_metrics(model.spec, logits, [e.target for e in encoded])}
 
 
-def predict(model_dir: str | Path, examples: list[Example], batch_size: int = 64) -> list[dict]:
+def predict(
+    model_dir: str | Path, examples: list[Example], batch_size: int = 64, device: str = "auto"
+) -> list[dict]:
     """One record per example, in order: ``label`` (the original label string, the choice index, or
     the score) and ``probabilities``."""
-    model, tokenizer = load_task_model(model_dir)
+    model, tokenizer = load_task_model(model_dir, device)
     encoded = _examples_for(model, tokenizer, examples, require_labels=False)
-    logits = predict_logits(model, encoded, batch_size, "cpu")
+    logits = predict_logits(model, encoded, batch_size, next(model.parameters()).device)
     spec, records = model.spec, []
     for row in logits:
         if spec.regression:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import shutil
 import signal
 import time
@@ -28,7 +29,8 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-from gptkit.checkpoint import read_json, write_json
+from gptkit.checkpoint import read_json, read_train_state, write_json
+from gptkit.hardware import resolve_precision
 from gptkit.train.distributed import (
     DistributedContext,
     full_state_dicts,
@@ -40,26 +42,34 @@ from gptkit.train.memory import keep_freed_memory
 from gptkit.train.optim import build_optimizer, learning_rate
 
 CHECKPOINTS = "checkpoints"
+PLAN_AFTER_UPDATES = 4  # updates timed (after the first) before a time budget is planned
 LATEST = "latest.json"
 TRAIN_STATE = "train_state.pt"
 
 
 @dataclass
 class TrainConfig:
-    """Optimisation settings. Defaults are GPT-1's pre-training (§4.1)."""
+    """Optimisation settings. Defaults are GPT-1's pre-training (§4.1); every value is checked."""
 
     max_steps: int | None = field(
         default=100_000,
-        metadata={"help": "Optimizer updates to run (fine-tuning: epochs × batches by default)."},
+        metadata={"help": "Optimizer updates to run (with --time-budget: at most this many)."},
     )
     batch_size: int = field(default=64, metadata={"help": "Global batch, in sequences, per update."})
     micro_batch_size: int | None = field(
-        default=None, metadata={"help": "Sequences per forward pass; the rest is gradient accumulation."}
+        default=None,
+        metadata={
+            "help": "Sequences per forward pass; the rest is gradient accumulation (default: the whole "
+            "batch)."
+        },
     )
     lr: float = field(default=2.5e-4, metadata={"help": "Maximum learning rate."})
     warmup_steps: int | None = field(
-        default=2000,
-        metadata={"help": "Linear warm-up updates from 0 (fine-tuning: 0.2% of training by default)."},
+        default=None,
+        metadata={
+            "help": "Linear warm-up updates from 0 (default: the paper's 2000, or a tenth of max_steps "
+            "when training is shorter than 20,000 updates)."
+        },
     )
     schedule: Literal["cosine", "linear", "constant"] = field(
         default="cosine", metadata={"help": "Decay after warm-up, to 0 at max_steps."}
@@ -69,15 +79,26 @@ class TrainConfig:
     beta2: float = field(default=0.999, metadata={"help": "Adam β2."})
     eps: float = field(default=1e-8, metadata={"help": "Adam ε."})
     grad_clip: float = field(default=1.0, metadata={"help": "Global gradient-norm clip (0 disables)."})
-    precision: Literal["fp32", "bf16"] = field(default="fp32", metadata={"help": "bf16 runs under autocast."})
+    precision: Literal["auto", "fp32", "bf16"] = field(
+        default="auto",
+        metadata={
+            "help": "auto: bf16 autocast where the hardware computes bf16 natively (CUDA with bf16, a CPU "
+            "with AVX512-BF16 or AMX), else fp32."
+        },
+    )
+    time_budget: str | None = field(
+        default=None,
+        metadata={
+            "help": "Wall-clock budget such as 90s, 5m or 1h30m: the first updates are timed and the "
+            "schedule is planned for the updates that fit (warm-up keeps its share); ends with a "
+            "checkpoint (default: none)."
+        },
+    )
     compile: bool = field(default=False, metadata={"help": "torch.compile the model."})
     eval_every: int | None = field(
-        default=500,
-        metadata={"help": "Evaluate every N updates (0: only at the end; fine-tuning: every epoch)."},
+        default=500, metadata={"help": "Evaluate every N updates (0: only at the end)."}
     )
-    checkpoint_every: int | None = field(
-        default=1000, metadata={"help": "Checkpoint every N updates (fine-tuning: every epoch)."}
-    )
+    checkpoint_every: int | None = field(default=1000, metadata={"help": "Checkpoint every N updates."})
     log_every: int = field(default=10, metadata={"help": "Write metrics.jsonl every N updates."})
     keep_checkpoints: int = field(default=2, metadata={"help": "How many recent checkpoints to keep."})
     seed: int = field(default=1337, metadata={"help": "Seed for init, data order and dropout."})
@@ -87,6 +108,91 @@ class TrainConfig:
     )
     fsdp: bool = field(default=False, metadata={"help": "Shard with FSDP2 instead of DDP (torchrun only)."})
     progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
+
+    def __post_init__(self) -> None:
+        def fail(name: str, problem: str) -> None:
+            raise ValueError(f"{type(self).__name__}.{name} (--{name.replace('_', '-')}): {problem}")
+
+        for name in ("max_steps", "micro_batch_size", "checkpoint_every"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                fail(
+                    name,
+                    f"must be a positive number of {'sequences' if 'batch' in name else 'updates'}, got {value}",
+                )
+        for name in ("batch_size", "log_every", "keep_checkpoints"):
+            if getattr(self, name) <= 0:
+                fail(name, f"must be positive, got {getattr(self, name)}")
+        for name in ("warmup_steps", "eval_every"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                fail(name, f"must be >= 0, got {value}")
+        if self.micro_batch_size and self.batch_size % self.micro_batch_size:
+            fail(
+                "micro_batch_size",
+                f"{self.micro_batch_size} does not divide the batch of {self.batch_size}: pick a divisor "
+                f"such as {_largest_divisor(self.batch_size, self.micro_batch_size)}",
+            )
+        if (
+            self.max_steps is not None
+            and self.warmup_steps is not None
+            and self.warmup_steps > self.max_steps
+        ):
+            fail(
+                "warmup_steps",
+                f"{self.warmup_steps} warm-up updates are more than the {self.max_steps} of training: "
+                "lower --warmup-steps or raise --max-steps",
+            )
+        if not self.lr > 0:
+            fail("lr", f"must be > 0, got {self.lr}")
+        for name in ("weight_decay", "grad_clip"):
+            if getattr(self, name) < 0:
+                fail(name, f"must be >= 0, got {getattr(self, name)}")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                fail(name, f"must be in [0, 1), got {getattr(self, name)}")
+        if not self.eps > 0:
+            fail("eps", f"must be > 0, got {self.eps}")
+        choices = {
+            "schedule": ("cosine", "linear", "constant"),
+            "precision": ("auto", "fp32", "bf16"),
+            "on_nonfinite": ("stop", "skip"),
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                fail(name, f"must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if self.time_budget is not None:
+            parse_duration(self.time_budget)  # raises with the expected form
+
+    def default_warmup(self, max_steps: int) -> int:
+        """Warm-up updates when ``warmup_steps`` is not given: GPT-1's 2000, at most a tenth of training."""
+        return min(2000, max_steps // 10)
+
+    def warmup_for(self, max_steps: int) -> int:
+        return self.warmup_steps if self.warmup_steps is not None else self.default_warmup(max_steps)
+
+    @property
+    def time_budget_seconds(self) -> float | None:
+        return None if self.time_budget is None else parse_duration(self.time_budget)
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    return max(d for d in range(1, min(n, at_most) + 1) if n % d == 0)
+
+
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Seconds in ``90``, ``90s``, ``5m``, ``1h30m`` or ``2.5m``."""
+    match = _DURATION.fullmatch(str(text).strip().lower())
+    if not str(text).strip() or match is None or not any(match.groups()):
+        raise ValueError(f"time budget: expected a duration such as 90s, 5m or 1h30m, got {text!r}")
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+    total = hours * 3600 + minutes * 60 + seconds
+    if total <= 0:
+        raise ValueError(f"time budget: must be more than 0 seconds, got {text!r}")
+    return total
 
 
 class BatchSource(Protocol):
@@ -165,6 +271,15 @@ class Trainer:
         if self.ctx.device.type == "cpu":
             keep_freed_memory()  # see gptkit.train.memory: a third of a CPU step otherwise
         self.last_metrics: dict[str, float] = {}
+        self.precision = resolve_precision(config.precision, self.ctx.device)
+        # The plan: updates to run and their warm-up. A time budget replaces it once the first
+        # updates are timed; the config itself is never changed.
+        if config.max_steps is None:
+            raise ValueError("TrainConfig.max_steps must be set before training (fine-tuning derives it)")
+        self.max_steps = config.max_steps
+        self.warmup_steps = config.warmup_for(config.max_steps)
+        self.plan: dict[str, Any] = {}
+        self.clock: Callable[[], float] = time.perf_counter  # what time budgets are measured with
 
     # Checkpoints ---------------------------------------------------------------------------------
 
@@ -189,6 +304,7 @@ class Trainer:
                 "data": self.data.state_dict(),
                 "rng": rng_states,
                 "world_size": self.ctx.world_size,
+                "plan": json.dumps(self.plan),  # JSON text: the file holds only tensors and plain values
             }
             torch.save(train_state, tmp / TRAIN_STATE)
             shutil.rmtree(final, ignore_errors=True)
@@ -207,16 +323,23 @@ class Trainer:
         pointer = self.checkpoint_dir / LATEST
         if not pointer.exists():
             return None
-        path = self.checkpoint_dir / read_json(pointer)["path"]
+        name = read_json(pointer).get("path")
+        if not isinstance(name, str):
+            raise ValueError(f"{pointer}: no 'path' naming the latest step-* checkpoint; fix or delete it")
+        path = self.checkpoint_dir / name
         return path if (path / TRAIN_STATE).exists() else None
 
     def resume(self, checkpoint: Path, load_model_state: Callable[[Path], dict[str, torch.Tensor]]) -> None:
         """Continue exactly where ``checkpoint`` stopped: same weights, moments, step, data, RNG."""
-        # weights_only: the file holds tensors, numbers and strings only; never unpickle objects.
-        state = torch.load(checkpoint / TRAIN_STATE, map_location="cpu", weights_only=True)
+        state = read_train_state(checkpoint / TRAIN_STATE)
         load_full_state_dicts(self.model, self.optimizer, load_model_state(checkpoint), state["optimizer"])
         self.step = int(state["step"])
         self.tokens_seen = int(state.get("tokens_seen", 0))
+        # A run planned for a time budget keeps its plan: the schedule must not change under it.
+        # Otherwise the config rules, so that --resume --max-steps N extends a finished run.
+        plan = json.loads(state.get("plan", "{}"))
+        if plan:
+            self.plan, self.max_steps, self.warmup_steps = plan, plan["planned_steps"], plan["warmup_steps"]
         self.data.load_state_dict(state["data"])
         rng = state["rng"]
         if len(rng) == self.ctx.world_size:
@@ -236,10 +359,14 @@ class Trainer:
     def fit(self) -> dict[str, float]:
         config, ctx = self.config, self.ctx
         if ctx.is_main:
+            print(f"precision: {self.precision.reason}; device: {ctx.device}", flush=True)
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            write_json(self.out_dir / "run_config.json", self.run_config)
+            self._write_run_config()
+        budget = config.time_budget_seconds if not self.plan else None
+        fit_started = self.clock()
+        first_step, timing_from = self.step, None
         bar = tqdm(
-            total=config.max_steps,
+            total=self.max_steps,
             initial=self.step,
             desc="training",
             disable=not (config.progress and ctx.is_main),
@@ -248,13 +375,27 @@ class Trainer:
         interrupted = False
         previous_sigterm = _raise_keyboard_interrupt_on_sigterm()
         try:
-            while self.step < config.max_steps:
-                started = time.perf_counter()
+            while self.step < self.max_steps:
+                started = self.clock()
                 loss, grad_norm, n_tokens = self._train_step()
-                elapsed = time.perf_counter() - started
-                tokens_per_s = n_tokens * ctx.world_size / max(elapsed, 1e-9)
+                now = self.clock()
+                tokens_per_s = n_tokens * ctx.world_size / max(now - started, 1e-9)
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+                if budget is not None:
+                    if timing_from is None:  # the first update pays for warm-up: time from its end
+                        timing_from = now
+                    elif not self.plan and self.step - first_step > PLAN_AFTER_UPDATES:
+                        self._plan_for_budget(budget, now - fit_started, now - timing_from, first_step)
+                        bar.total = self.max_steps
+                        bar.refresh()
+                    if now - fit_started >= budget and self.step < self.max_steps:
+                        # Past the deadline (the plan was too hopeful): this update is the last.
+                        bar.write(
+                            f"time budget of {config.time_budget} spent: stopping at update {self.step}"
+                        )
+                        self.max_steps = self.step
+                        self.plan["stopped_at_deadline"] = True
                 self._after_step(loss, grad_norm, tokens_per_s)
         except KeyboardInterrupt:
             interrupted = True
@@ -275,6 +416,54 @@ class Trainer:
             plot_metrics(self.out_dir / "metrics.jsonl", self.out_dir / "loss.png")
         return self.last_metrics
 
+    def _write_run_config(self) -> None:
+        resolved = {"precision": self.precision.value, "precision_reason": self.precision.reason}
+        resolved.update(device=str(self.ctx.device), max_steps=self.max_steps, warmup_steps=self.warmup_steps)
+        if self.plan:
+            resolved["time_budget_plan"] = self.plan
+        write_json(self.out_dir / "run_config.json", {**self.run_config, "resolved": resolved})
+
+    def _plan_for_budget(self, budget: float, elapsed: float, timed: float, first_step: int) -> None:
+        """Fit the rest of the run into ``budget`` seconds, from the time of the updates so far.
+
+        One evaluation is run now and timed too (when evaluation is periodic), so that the plan
+        leaves room for those still to come. Warm-up keeps its share of the (shorter) run.
+        """
+        config = self.config
+        seconds_per_update = timed / (self.step - first_step - 1)
+        seconds_per_eval = 0.0
+        if self.evaluate is not None and config.eval_every:
+            started = self.clock()
+            metrics = self._evaluate()
+            seconds_per_eval = self.clock() - started
+            if self.ctx.is_main:
+                _append_jsonl(self.out_dir / "metrics.jsonl", {"step": self.step, **metrics})
+            elapsed += seconds_per_eval
+        # Keep 3% for checkpoints, the final evaluation and noise; evaluations come every eval_every.
+        remaining = budget * 0.97 - elapsed - seconds_per_eval
+        per_update = seconds_per_update + (seconds_per_eval / config.eval_every if config.eval_every else 0)
+        fits = max(int(remaining / per_update), 0)
+        planned = min(self.max_steps, self.step + fits)
+        if config.warmup_steps is None:
+            warmup = config.default_warmup(planned)
+        else:
+            warmup = round(config.warmup_steps * planned / self.max_steps)
+        self.max_steps, self.warmup_steps = planned, min(warmup, planned)
+        self.plan = {
+            "time_budget_s": budget,
+            "seconds_per_update": round(seconds_per_update, 4),
+            "seconds_per_evaluation": round(seconds_per_eval, 4),
+            "planned_steps": planned,
+            "warmup_steps": self.warmup_steps,
+        }
+        if self.ctx.is_main:
+            tqdm.write(
+                f"time budget {config.time_budget}: {seconds_per_update:.2f}s per update measured over "
+                f"{self.step - first_step - 1} updates → {planned} updates planned "
+                f"(warm-up {self.warmup_steps})"
+            )
+            self._write_run_config()
+
     def _latest_step(self) -> int:
         return int(read_json(self.checkpoint_dir / LATEST)["step"])
 
@@ -282,7 +471,7 @@ class Trainer:
         config, ctx = self.config, self.ctx
         batch = self.data.next_batch()
         micro_batches = split_micro_batches(batch, self.micro_batch_size)
-        lr = learning_rate(self.step, config.lr, config.warmup_steps, config.max_steps, config.schedule)
+        lr = learning_rate(self.step, config.lr, self.warmup_steps, self.max_steps, config.schedule)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.forward.train()
@@ -295,7 +484,7 @@ class Trainer:
             }
             n_tokens += micro["input_ids"].numel()
             with gradient_sync(self.model, sync=i == len(micro_batches) - 1):
-                with autocast(config.precision, ctx.device):
+                with autocast(self.precision.value, ctx.device):
                     loss = self.forward(**micro).loss / len(micro_batches)
                 loss.backward()
             total_loss += loss.detach().float()
@@ -323,7 +512,7 @@ class Trainer:
 
     def _after_step(self, loss: float, grad_norm: float, tokens_per_s: float) -> None:
         config = self.config
-        last = self.step == config.max_steps
+        last = self.step == self.max_steps
         record = None
         if self.step % config.log_every == 0 or last or self.step == 1:
             record = {
@@ -346,7 +535,7 @@ class Trainer:
     def _evaluate(self) -> dict[str, float]:
         was_training = self.model.training
         self.model.eval()
-        with torch.no_grad(), autocast(self.config.precision, self.ctx.device):
+        with torch.no_grad(), autocast(self.precision.value, self.ctx.device):
             metrics = self.evaluate(self.model)
         self.model.train(was_training)
         self.last_metrics = metrics

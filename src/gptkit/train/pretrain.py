@@ -42,7 +42,27 @@ class PretrainConfig:
         default=False, metadata={"help": "Continue the run in --out from its latest checkpoint."}
     )
     eval_windows: int = field(default=64, metadata={"help": "Validation windows per evaluation."})
-    device: str | None = field(default=None, metadata={"help": "cpu or cuda (default: cuda when present)."})
+    device: str = field(
+        default="auto", metadata={"help": "auto (CUDA, then MPS, then CPU), cpu, cuda or mps."}
+    )
+
+    def __post_init__(self) -> None:
+        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"PretrainConfig.dropout (--dropout): must be in [0, 1), got {self.dropout}")
+        for name in ("context", "n_layer", "n_head", "d_model", "eval_windows"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(
+                    f"PretrainConfig.{name} (--{name.replace('_', '-')}): must be positive, got {value}"
+                )
+        if self.position_encoding not in (None, "learned", "sinusoidal"):
+            raise ValueError(
+                f"PretrainConfig.position_encoding (--position-encoding): learned or sinusoidal, got {self.position_encoding!r}"
+            )
+        if self.activation not in (None, "gelu_tanh", "gelu", "relu"):
+            raise ValueError(
+                f"PretrainConfig.activation (--activation): gelu_tanh, gelu or relu, got {self.activation!r}"
+            )
 
 
 class PretrainBatches:
@@ -120,7 +140,7 @@ def pretrain(config: PretrainConfig, train: TrainConfig) -> dict[str, float]:
         if config.init:
             model = GPT.from_pretrained(config.init)
             if config.dropout is not None:
-                model.config.dropout = config.dropout
+                model.set_dropout(config.dropout)  # the layers' rates, not only the recorded one
         else:
             model = GPT(model_config_for(config, meta))
         model_config = model.config

@@ -1,0 +1,182 @@
+"""What the hardware computes fast: the device to run on and the precision to run in.
+
+bf16 is only fast where the hardware multiplies it natively: CUDA GPUs with bf16 support, and CPUs
+with AVX512-BF16 or AMX. Elsewhere (an AVX2-only CPU, say) PyTorch falls back to a slow path: a
+bf16 matrix product measured 30-65× slower than fp32 there, which turns a 10-minute run into hours.
+So ``precision="auto"`` (training) picks bf16 only on such hardware, and ``dtype="auto"``
+(inference) picks what decodes faster, which a short measurement decides on CPUs: one decoding step
+multiplies vectors by matrices, bounded by memory rather than arithmetic, so half-size bf16 weights
+can win even on a CPU without bf16 instructions.
+
+MPS (Apple GPUs) runs in fp32: its bf16 support depends on the macOS version, and it is untested
+here.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+Precision = Literal["auto", "fp32", "bf16"]
+InferenceDtype = Literal["auto", "float32", "bfloat16"]
+DeviceName = Literal["auto", "cpu", "cuda", "mps"]
+
+# oneDNN (PyTorch's CPU matmul library) ISA levels from which bf16 runs natively; ONEDNN_MAX_CPU_ISA
+# below them makes bf16 matmuls fall back to the slow path even on a CPU that has the instructions.
+_ONEDNN_BF16_ISAS = {
+    "ALL",
+    "DEFAULT",
+    "AVX512_CORE_BF16",
+    "AVX512_CORE_FP16",
+    "AVX512_CORE_AMX",
+    "AVX512_CORE_AMX_FP16",
+    "AVX10_1_512",
+    "AVX10_1_512_AMX",
+    "AVX10_1_512_AMX_FP16",
+    "AVX10_2_512",
+    "AVX10_2_512_AMX_2",
+}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A decision and why it was taken, to print once."""
+
+    value: str
+    reason: str
+
+
+def resolve_device(device: str | None = "auto") -> torch.device:
+    """``auto`` (or None): CUDA, then MPS, then the CPU. ``cuda:1`` and the like pass through."""
+    name = "auto" if device is None else str(device)
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        resolved = torch.device(name)
+    except RuntimeError as e:
+        raise ValueError(f"device must be auto, cpu, cuda[:N] or mps, got {name!r}") from e
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} was asked for, but PyTorch sees no CUDA GPU; use --device cpu")
+    if resolved.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {name!r} was asked for, but MPS is not available here; use --device cpu")
+    return resolved
+
+
+def cpu_capability() -> dict[str, object]:
+    """What this CPU offers PyTorch: its vector ISA, bf16 instructions, and any limit set by environment."""
+    return {
+        "aten_capability": torch.backends.cpu.get_cpu_capability(),
+        "avx512_bf16": bool(torch.cpu._is_avx512_bf16_supported()),
+        "amx": bool(torch.cpu._is_amx_tile_supported()),
+        "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def cpu_bf16_native() -> Choice:
+    """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX, not capped by ONEDNN_MAX_CPU_ISA)."""
+    info = cpu_capability()
+    if not (info["avx512_bf16"] or info["amx"]):
+        return Choice("no", f"this CPU ({info['aten_capability']}) has no AVX512-BF16 or AMX instructions")
+    isa = (info["onednn_max_cpu_isa"] or "ALL").upper()
+    if isa not in _ONEDNN_BF16_ISAS:
+        return Choice("no", f"ONEDNN_MAX_CPU_ISA={isa} keeps oneDNN from the CPU's bf16 instructions")
+    return Choice("yes", "this CPU has " + ("AMX" if info["amx"] else "AVX512-BF16"))
+
+
+def bf16_native(device: torch.device) -> Choice:
+    """Whether ``device`` computes bf16 matrix products natively, and why."""
+    if device.type == "cuda":
+        if torch.cuda.is_bf16_supported(including_emulation=False):
+            return Choice("yes", f"{torch.cuda.get_device_name(device)} supports bf16")
+        return Choice("no", f"{torch.cuda.get_device_name(device)} has no native bf16")
+    if device.type == "cpu":
+        return cpu_bf16_native()
+    return Choice("no", f"{device.type} runs fp32 in gptkit (bf16 there is untested)")
+
+
+def resolve_precision(precision: str, device: torch.device) -> Choice:
+    """Training precision: ``auto`` is bf16 autocast where the hardware has it natively, else fp32.
+
+    An explicit ``bf16`` on hardware without it still runs, with a warning that says what it costs.
+    """
+    if precision not in ("auto", "fp32", "bf16"):
+        raise ValueError(f"precision must be auto, fp32 or bf16, got {precision!r}")
+    native = bf16_native(device)
+    if precision == "auto":
+        if native.value == "yes":
+            return Choice("bf16", f"auto: bf16 autocast, since {native.reason}")
+        return Choice("fp32", f"auto: fp32, since {native.reason}")
+    if precision == "bf16" and native.value == "no":
+        warnings.warn(
+            f"--precision bf16 on hardware without native bf16 ({native.reason}): matrix products take a "
+            "slow path, measured 30-65x slower than fp32 on such CPUs; --precision auto picks fp32 here",
+            stacklevel=2,
+        )
+    return Choice(precision, f"{precision}, as asked ({native.reason})")
+
+
+@functools.cache
+def _cpu_decoding_prefers_bf16() -> tuple[bool, float]:
+    """Time one matrix-vector product, fp32 against bf16 weights, on a matrix larger than the caches.
+
+    Returns (bf16 is at least 10% faster, fp32 time / bf16 time). About 0.1 s: the first few bf16
+    calls are slow while oneDNN prepares its kernels, so each dtype is warmed up first.
+    """
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(2048, 2048, generator=generator)
+    vector = torch.randn(1, 2048, generator=generator)
+    timings = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        w, x = weight.to(dtype), vector.to(dtype)
+        for _ in range(30):
+            torch.nn.functional.linear(x, w)
+        best = float("inf")
+        for _ in range(20):
+            started = time.perf_counter()
+            torch.nn.functional.linear(x, w)
+            best = min(best, time.perf_counter() - started)
+        timings[dtype] = best
+    speedup = timings[torch.float32] / timings[torch.bfloat16]
+    return speedup >= 1.1, speedup
+
+
+def resolve_inference_dtype(dtype: str | None, device: torch.device, decoding: bool = True) -> Choice:
+    """Weight dtype for inference. ``auto``: bf16 on a CUDA GPU with bf16; fp32 on MPS; on a CPU,
+    for decoding (one token at a time) whichever a short measurement finds faster, and for scoring
+    whole sequences (perplexity, evaluation) bf16 only where the CPU multiplies it natively."""
+    name = "auto" if dtype is None else dtype
+    if name not in ("auto", "float32", "bfloat16"):
+        raise ValueError(f"dtype must be auto, float32 or bfloat16, got {name!r}")
+    if name != "auto":
+        return Choice(name, f"{name}, as asked")
+    if device.type == "cpu" and decoding:
+        faster, speedup = _cpu_decoding_prefers_bf16()
+        measured = f"bf16 weights measured {speedup:.2f}x fp32's speed for decoding on this CPU"
+        return Choice("bfloat16" if faster else "float32", f"auto: {measured}")
+    native = bf16_native(device)
+    if native.value == "yes":
+        return Choice("bfloat16", f"auto: bfloat16, since {native.reason}")
+    return Choice("float32", f"auto: float32, since {native.reason}")
+
+
+def describe(device: torch.device | None = None) -> dict[str, object]:
+    """The hardware facts a benchmark or a run records: CPU capability, and the GPU when there is one."""
+    info: dict[str, object] = {"cpu": cpu_capability(), "cpu_bf16_native": cpu_bf16_native().value == "yes"}
+    if torch.cuda.is_available():
+        info["gpu"] = {
+            "name": torch.cuda.get_device_name(0),
+            "count": torch.cuda.device_count(),
+            "bf16": torch.cuda.is_bf16_supported(including_emulation=False),
+        }
+    return info

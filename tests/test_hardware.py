@@ -1,0 +1,100 @@
+"""Device and precision by the hardware: what is detected, what is chosen, and why."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gptkit import hardware
+
+
+@pytest.fixture
+def cpu_flags(monkeypatch):
+    """Pretend the CPU has (or lacks) AVX512-BF16 and AMX."""
+
+    def set_flags(avx512_bf16: bool, amx: bool = False, onednn_isa: str | None = None):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+        if onednn_isa is None:
+            monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+        else:
+            monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", onednn_isa)
+
+    return set_flags
+
+
+def test_auto_precision_is_bf16_only_where_the_cpu_has_bf16_instructions(cpu_flags):
+    cpu = torch.device("cpu")
+    cpu_flags(avx512_bf16=False)
+    choice = hardware.resolve_precision("auto", cpu)
+    assert choice.value == "fp32" and "no AVX512-BF16 or AMX" in choice.reason
+    cpu_flags(avx512_bf16=True)
+    assert hardware.resolve_precision("auto", cpu) == hardware.Choice(
+        "bf16", "auto: bf16 autocast, since this CPU has AVX512-BF16"
+    )
+    cpu_flags(avx512_bf16=False, amx=True)
+    assert hardware.resolve_precision("auto", cpu).value == "bf16"
+    # oneDNN held below its bf16 kernels computes bf16 the slow way, instructions or not.
+    cpu_flags(avx512_bf16=True, onednn_isa="AVX2")
+    choice = hardware.resolve_precision("auto", cpu)
+    assert choice.value == "fp32" and "ONEDNN_MAX_CPU_ISA=AVX2" in choice.reason
+    cpu_flags(avx512_bf16=True, onednn_isa="avx512_core_bf16")
+    assert hardware.resolve_precision("auto", cpu).value == "bf16"
+
+
+def test_explicit_bf16_without_native_support_runs_with_a_warning(cpu_flags):
+    cpu_flags(avx512_bf16=False)
+    with pytest.warns(UserWarning, match="slow path, measured 30-65x slower than fp32"):
+        assert hardware.resolve_precision("bf16", torch.device("cpu")).value == "bf16"
+    assert hardware.resolve_precision("fp32", torch.device("cpu")).value == "fp32"
+    with pytest.raises(ValueError, match="precision must be auto, fp32 or bf16, got 'fp16'"):
+        hardware.resolve_precision("fp16", torch.device("cpu"))
+
+
+def test_the_reproduced_avx2_cpu_is_detected_in_a_fresh_process():
+    """The environment of docs/results.md's AVX2 runs: a new process sees no native bf16."""
+    code = "from gptkit.hardware import *; import torch; print(resolve_precision('auto', torch.device('cpu')).value)"
+    env = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "PATH": ""}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "fp32"
+
+
+def test_inference_dtype(cpu_flags, monkeypatch):
+    cpu = torch.device("cpu")
+    assert hardware.resolve_inference_dtype("float32", cpu) == hardware.Choice("float32", "float32, as asked")
+    # Scoring whole sequences is matrix-matrix work: bf16 weights only where bf16 is native.
+    cpu_flags(avx512_bf16=False)
+    assert hardware.resolve_inference_dtype("auto", cpu, decoding=False).value == "float32"
+    cpu_flags(avx512_bf16=True)
+    assert hardware.resolve_inference_dtype("auto", cpu, decoding=False).value == "bfloat16"
+    # Decoding is decided by the measurement, whatever it finds.
+    monkeypatch.setattr(hardware, "_cpu_decoding_prefers_bf16", lambda: (True, 1.6))
+    choice = hardware.resolve_inference_dtype("auto", cpu)
+    assert choice.value == "bfloat16" and "1.60x" in choice.reason
+    monkeypatch.setattr(hardware, "_cpu_decoding_prefers_bf16", lambda: (False, 0.9))
+    assert hardware.resolve_inference_dtype("auto", cpu).value == "float32"
+    with pytest.raises(ValueError, match="dtype must be auto, float32 or bfloat16"):
+        hardware.resolve_inference_dtype("half", cpu)
+
+
+def test_device_auto_and_explicit_devices():
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available() and torch.backends.mps.is_available():
+        expected = "mps"
+    assert hardware.resolve_device("auto").type == expected
+    assert hardware.resolve_device(None).type == expected
+    assert hardware.resolve_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="PyTorch sees no CUDA GPU; use --device cpu"):
+            hardware.resolve_device("cuda")
+    with pytest.raises(ValueError, match="device must be auto, cpu, cuda"):
+        hardware.resolve_device("tpu")
+
+
+def test_describe_records_the_cpu():
+    info = hardware.describe()
+    assert info["cpu"]["aten_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert isinstance(info["cpu_bf16_native"], bool)
