@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,11 +47,26 @@ def test_quick_demo_runs_every_stage(demo):
         assert (demo / name).exists(), name
 
 
-def test_generate_streams_and_reads_prompts_from_stdin(demo):
-    result = gptkit(
-        "generate", "--model", demo / "pretrain", "--prompt", "Alice", "--max-new-tokens", "5", "--seed", "1"
-    )
-    assert result.returncode == 0 and result.stdout.startswith("Alice")
+def test_generate_prints_the_models_continuation_and_reads_prompts_from_stdin(demo):
+    from gptkit.generate import generate
+    from gptkit.textgen import load_for_generation
+
+    # The command's text is the model's seeded sample, decoded from the ids generate() returns.
+    args = ("--model", demo / "pretrain", "--max-new-tokens", "8", "--seed", "1", "--dtype", "float32")
+    result = gptkit("generate", *args, "--prompt", "Alice was")
+    assert result.returncode == 0, result.stderr
+    model, tokenizer = load_for_generation(demo / "pretrain", dtype="float32")
+    ids = tokenizer.encode("Alice was")
+    sample = generate(
+        model, torch.tensor([ids]), 8, do_sample=True, generator=torch.Generator().manual_seed(1)
+    )[0, len(ids) :].tolist()
+    assert tokenizer.decode(sample).strip(), "the sample has visible text"
+    for decode, flags in ((tokenizer.decode_text, ()), (tokenizer.decode, ("--raw",))):
+        full, prompt = decode(ids + sample), decode(ids)
+        assert full.startswith(prompt)
+        out = result if not flags else gptkit("generate", *args, "--prompt", "Alice was", *flags)
+        assert out.stdout == "Alice was" + full[len(prompt) :] + "\n"
+    assert "dtype: float32, as asked" in result.stderr
     result = gptkit(
         "generate",
         "--model",
@@ -67,10 +83,21 @@ def test_generate_streams_and_reads_prompts_from_stdin(demo):
 
 def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
     text = data_dir / "gutenberg" / "pg16.txt"
-    result = gptkit("perplexity", "--model", demo / "pretrain", text)
+    result = gptkit("perplexity", "--model", demo / "pretrain", text, "--dtype", "float32")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["tokens"] > 1000 and report["perplexity"] > 1
+    # The same number from the library, on the same ids, with windows scored by hand.
+    from gptkit.evaluate.lm import perplexity
+    from gptkit.textgen import load_for_generation
+
+    model, tokenizer = load_for_generation(demo / "pretrain", dtype="float32", decoding=False)
+    ids = tokenizer.encode(text.read_text(encoding="utf-8"))
+    assert report["tokens"] == len(ids) - 1
+    assert report["perplexity"] == pytest.approx(perplexity(model, ids)["perplexity"], rel=1e-3)
+    window = torch.tensor([ids[:64]])
+    with torch.no_grad():  # the first window (the whole context) scores its tokens as the model's loss
+        first_window_loss = float(model(window, labels=window).loss)
+    assert perplexity(model, ids[:64])["nll"] == pytest.approx(first_window_loss, rel=1e-5)
     result = gptkit(
         "zeroshot",
         "--model",
@@ -171,3 +198,58 @@ def test_data_fetch_from_a_mirror_verifies_checksums(data_dir, tmp_path):
     assert not (tmp_path / "other" / "gpt2_bpe" / "encoder.json").exists()
     result = gptkit("data", "fetch", "imagenet", "--out", tmp_path / "x")
     assert result.returncode == 2 and "unknown dataset" in result.stderr
+
+
+def _every_command(parser, prefix=()):
+    """(words, parser) for every command and sub-command."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _every_command(sub, (*prefix, name))
+    if prefix:
+        yield prefix, parser
+
+
+def test_every_help_page_works_and_documents_every_flag(capsys):
+    from gptkit.cli import build_parser, main
+
+    commands = list(_every_command(build_parser()))
+    assert {" ".join(words) for words, _ in commands} >= {
+        "convert", "tokenizer", "tokenizer train", "tokenize", "prepare", "pretrain", "finetune",
+        "evaluate", "predict", "generate", "perplexity", "zeroshot", "analyze", "analyze tradeoff",
+        "data", "data fetch", "demo",
+    }  # fmt: skip
+    for words, parser in commands:
+        with pytest.raises(SystemExit) as exit_:
+            main([*words, "--help"])
+        assert exit_.value.code == 0, words
+        page = capsys.readouterr().out
+        assert page.startswith(f"usage: gptkit {' '.join(words)}"), words
+        for action in parser._actions:
+            if action.option_strings and action.dest != "help":
+                assert action.help and action.help.strip(), f"{' '.join(words)} {action.option_strings}"
+    # Fine-tuning's page shows fine-tuning's defaults (the paper's §4.1), not pre-training's.
+    with pytest.raises(SystemExit):
+        main(["finetune", "--help"])
+    page = " ".join(capsys.readouterr().out.split())
+    assert "Maximum learning rate. (default: 6.25e-05)" in page
+    assert "per update. (default: 32)" in page and "(default: linear)" in page
+    assert "(default: epochs × updates per epoch)" in page and "(default: 0.2% of training)" in page
+    with pytest.raises(SystemExit):
+        main(["pretrain", "--help"])
+    page = " ".join(capsys.readouterr().out.split())
+    assert "Maximum learning rate. (default: 0.00025)" in page and "(default: cosine)" in page
+    assert "--precision {auto,fp32,bf16}" in page and "--time-budget" in page
+
+
+def test_bad_config_values_are_one_line_errors(tmp_path):
+    result = gptkit("pretrain", "--data", tmp_path, "--checkpoint-every", "0")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "gptkit pretrain: error: TrainConfig.checkpoint_every (--checkpoint-every): must be a positive "
+        "number of updates, got 0"
+    )
+    result = gptkit("finetune", "--dataset", "sst2", "--epochs", "0")
+    assert result.returncode == 2 and "FinetuneConfig.epochs (--epochs): must be positive" in result.stderr

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gptkit import GPT, GPTConfig, KVCache, generate
-from gptkit.generate import process_logits
+from gptkit import GPT, GPTConfig, KVCache
+from gptkit.generate import generate, process_logits
 from gptkit.textgen import generate_text, stream_text
 from gptkit.tokenizer import Tokenizer
 

@@ -1,7 +1,8 @@
 """`gptkit <command>`: a thin shell over the library. Each command parses flags and calls a function.
 
-Flags of the training commands are generated from the typed config dataclasses (their field help
-becomes ``--help``); ``--config FILE`` (YAML or JSON) sets the same fields, and flags override it.
+Every command's flags are generated from a typed dataclass: its fields become the flags, their
+``help`` metadata the ``--help`` text, their defaults the defaults shown. Training commands take
+``--config FILE`` (YAML or JSON) for the same fields; flags override it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import json
 import sys
 import types
 import typing
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -23,45 +26,59 @@ def _flag(name: str) -> str:
 
 
 def _base_type(annotation):
-    """(python type, choices, optional) of a field annotation such as ``int | None`` or ``Literal[...]``."""
-    optional = False
+    """(python type, choices, is a list) of a field annotation such as ``int | None`` or ``Literal[...]``."""
     origin = get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
-        args = [a for a in get_args(annotation) if a is not type(None)]
-        optional = len(args) < len(get_args(annotation))
-        annotation = args[0]
+        annotation = next(a for a in get_args(annotation) if a is not type(None))
         origin = get_origin(annotation)
+    if origin is list:
+        kind, choices, _ = _base_type(get_args(annotation)[0])
+        return kind, choices, True
     if origin is Literal:
         choices = list(get_args(annotation))
-        return type(choices[0]), choices, optional
-    return annotation, None, optional
+        return type(choices[0]), choices, False
+    return annotation, None, False
+
+
+def _help(f: dataclasses.Field, default: Any) -> str:
+    # argparse %-formats help strings: a literal % must be doubled.
+    text = f.metadata.get("help", "").replace("%", "%%")
+    if "(default" in text or default is dataclasses.MISSING:
+        return text
+    shown = "none" if default is None else default
+    return f"{text} (default: {shown})"
 
 
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
+    """One flag per field of ``cls`` (positional where the field's metadata says so)."""
     hints = typing.get_type_hints(cls)
-    group = parser.add_argument_group(cls.__name__)
+    group = parser.add_argument_group(cls.__name__, (cls.__doc__ or "").split("\n\n")[0])
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        kind, choices, _ = _base_type(hints[f.name])
-        help_text = f.metadata.get("help", "")
-        default = f.default if f.default is not dataclasses.MISSING else None
+        kind, choices, is_list = _base_type(hints[f.name])
+        default = f.default
+        if f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        required = default is dataclasses.MISSING
+        options: dict[str, Any] = {"help": _help(f, default), "default": None}
         if kind is bool:
-            group.add_argument(
-                _flag(f.name),
-                action=argparse.BooleanOptionalAction,
-                default=None,
-                help=f"{help_text} (default: {default})",
-            )
+            options["action"] = argparse.BooleanOptionalAction
         else:
-            group.add_argument(
-                _flag(f.name),
-                type=kind,
-                choices=choices,
-                default=None,
-                metavar=None if choices else f.name.upper(),
-                help=f"{help_text} (default: {default})",
-            )
+            options.update(type=kind, choices=choices)
+            if not choices:
+                options["metavar"] = f.metadata.get("metavar", f.name.upper())
+            if is_list:
+                options["nargs"] = "+" if required else "*"
+                if f.metadata.get("repeat"):  # --stop A --stop B
+                    options.update(action="append", nargs=None)
+        if f.metadata.get("positional"):
+            options.pop("default")
+            if not required:
+                options["nargs"] = "?" if not is_list else "*"
+            group.add_argument(f.name, **options)
+        else:
+            group.add_argument(_flag(f.name), required=required, **options)
 
 
 def dataclass_from_args(cls, args: argparse.Namespace, file_values: dict[str, Any] | None = None):
@@ -86,11 +103,17 @@ def read_config_file(path: str | None) -> dict[str, Any]:
     if path.endswith((".yaml", ".yml")):
         import yaml
 
-        data = yaml.safe_load(text) or {}
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path}: not valid YAML ({e})") from e
     else:
-        data = json.loads(text)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from e
     if not isinstance(data, dict):
-        raise SystemExit(f"{path}: expected a mapping of field names to values")
+        raise ValueError(f"{path}: expected a mapping of field names to values")
     return data
 
 
@@ -109,26 +132,193 @@ def _split_file_values(data: dict[str, Any], *classes) -> list[dict[str, Any]]:
         claimed |= names
     unknown = sorted(set(flat) - claimed)
     if unknown:
-        raise SystemExit(f"config file: unknown field(s): {', '.join(unknown)}")
+        raise ValueError(f"config file: unknown field(s): {', '.join(unknown)}")
     return out
 
 
-# Commands -----------------------------------------------------------------------------------------
+def _arg(help: str, default: Any = dataclasses.MISSING, **metadata) -> Any:
+    """A field with its help text: ``_arg("Tokens to generate.", 50)``; no default means required."""
+    return field(default=default, metadata={"help": help, **metadata})
 
 
-def cmd_convert(args) -> None:
+_DEVICE_HELP = "auto (CUDA, then MPS, then CPU), cpu, cuda[:N] or mps."
+_DTYPE_HELP = (
+    "Weights: auto (what runs fastest on this hardware, printed with its reason), float32 or bfloat16."
+)
+
+# The commands' configs ----------------------------------------------------------------------------
+
+
+@dataclass
+class ConvertArgs:
+    """Convert weights: a HF directory, a gptkit directory or OpenAI's GPT-1 release → a HF/gptkit directory."""
+
+    source: str = _arg("Directory (or hub name) to read.", positional=True)
+    destination: str = _arg("Directory to write (config.json + model.safetensors).", positional=True)
+    n_head: int = _arg("Heads, for OpenAI's release, which does not record them.", 12)
+
+
+@dataclass
+class TokenizerTrainArgs:
+    """Train a BPE vocabulary on your corpus, in GPT-1's or GPT-2's file format."""
+
+    corpus: list[str] = _arg("Text files to learn the merges from.")
+    vocab_size: int = _arg("Tokens in the vocabulary, special tokens included.")
+    out: str = _arg("Directory to write the tokenizer to.")
+    style: Literal["bytelevel", "gpt1"] = _arg(
+        "bytelevel (GPT-2's byte-level BPE) or gpt1 (ftfy + spaCy + </w> word ends).", "bytelevel"
+    )
+    min_frequency: int = _arg("Merge only pairs seen at least this often.", 2)
+
+
+@dataclass
+class TokenizeArgs:
+    """Print the token ids of a file (or stdin), or decode ids back to text."""
+
+    tokenizer: str = _arg("Tokenizer directory.")
+    file: str | None = _arg("Text file (default: stdin).", None, positional=True)
+    decode: bool = _arg("Read whitespace-separated ids and print the text.", False)
+    raw: bool = _arg("With --decode: GPT-1's raw token text, not joined as written.", False)
+
+
+@dataclass
+class PrepareArgs:
+    """Tokenize a corpus into token shards (train.bin, val.bin, meta.json) for pre-training."""
+
+    files: list[str] = _arg("Corpus files: plain text, or JSONL with --jsonl-field.", positional=True)
+    tokenizer: str = _arg("Tokenizer directory.")
+    out: str = _arg("Directory to write the shards to.")
+    val_fraction: float = _arg("Share of every document held out for validation (by bytes).", 0.05)
+    jsonl_field: str | None = _arg("Read JSONL files, one document per line, from this field.", None)
+
+
+@dataclass
+class LabelledDataArgs:
+    """A fine-tuned model and labelled data: your file, or a public dataset by name."""
+
+    model: str = _arg("Directory written by `gptkit finetune`.")
+    data: str | None = _arg("CSV/TSV (with a header) or JSONL file.", None)
+    columns: str | None = _arg("field=column,... as for finetune (default: the field names).", None)
+    dataset: str | None = _arg("Or a public dataset by name (sst2, cola, rte, ...).", None)
+    split: str = _arg("Split of --dataset: train, dev or test.", "dev")
+    data_dir: str = _arg("Where the public datasets live (for --dataset).", "data")
+    batch_size: int = _arg("Examples per forward pass.", 64)
+    device: str = _arg(_DEVICE_HELP, "auto")
+
+
+@dataclass
+class PredictArgs(LabelledDataArgs):
+    """Write one JSON prediction (label and probabilities) per input row."""
+
+    out: str = _arg("Output JSONL file.", "predictions.jsonl")
+
+
+@dataclass
+class GenerateArgs:
+    """Generate text from a prompt, printing it as it is decoded."""
+
+    model: str = _arg("Model directory (HF, gptkit or converted GPT-1 release) or hub name.")
+    prompt: str = _arg("Text to continue (empty: start from the start/end-of-text token).", "")
+    tokenizer: str | None = _arg("Tokenizer directory (default: the model directory).", None)
+    interactive: bool = _arg("Read prompts from stdin, one a line, until EOF.", False)
+    max_new_tokens: int = _arg("Tokens to generate per sample.", 50)
+    greedy: bool = _arg("Always take the most likely token (temperature and top-k/p unused).", False)
+    temperature: float = _arg("Divide the logits by this: < 1 safer, > 1 more adventurous.", 1.0)
+    top_k: int | None = _arg("Sample among the k most likely tokens only.", None)
+    top_p: float | None = _arg("Sample among the most likely tokens whose probability reaches p.", None)
+    repetition_penalty: float = _arg("Penalise tokens already in the text (> 1), CTRL-style.", 1.0)
+    stop: list[str] | None = _arg("Stop before this string (repeatable).", None, repeat=True)
+    num_samples: int = _arg("Samples per prompt.", 1)
+    seed: int | None = _arg("Random seed, for reproducible samples.", None)
+    raw: bool = _arg("Print GPT-1's raw token text (`did n't`) instead of text as written.", False)
+    dtype: Literal["auto", "float32", "bfloat16"] = _arg(_DTYPE_HELP, "auto")
+    device: str = _arg(_DEVICE_HELP, "auto")
+
+
+@dataclass
+class PerplexityArgs:
+    """Perplexity of a text file under a model (strided sliding window)."""
+
+    file: str = _arg("Text file to score.", positional=True)
+    model: str = _arg("Model directory or hub name.")
+    tokenizer: str | None = _arg("Tokenizer directory (default: the model directory).", None)
+    stride: int | None = _arg("Window step (default: half the context).", None)
+    dtype: Literal["auto", "float32", "bfloat16"] = _arg(_DTYPE_HELP, "auto")
+    device: str = _arg(_DEVICE_HELP, "auto")
+
+
+@dataclass
+class ZeroshotArgs:
+    """GPT-1's zero-shot heuristics (§5) on a public dataset, for a model or every checkpoint of a run."""
+
+    model: str = _arg("A model directory, or a run directory with --checkpoints.")
+    task: Literal["acceptability", "multiple_choice", "sentiment"] = _arg("Which heuristic.")
+    tokenizer: str | None = _arg("Tokenizer directory (default: the model directory).", None)
+    dataset: str | None = _arg("Default: sst2, story_cloze or cola by task.", None)
+    split: str = _arg("Split to score.", "dev")
+    data_dir: str = _arg("Where the public datasets live.", "data")
+    limit: int | None = _arg("Use the first N examples.", None)
+    checkpoints: bool = _arg("Evaluate every checkpoint of a pre-training run.", False)
+    dtype: Literal["auto", "float32", "bfloat16"] = _arg(_DTYPE_HELP, "auto")
+    device: str = _arg(_DEVICE_HELP, "auto")
+
+
+@dataclass
+class TradeoffArgs:
+    """Sweep temperature (and top-p): the diversity against fidelity of samples, measured."""
+
+    model: str = _arg("Model directory or hub name.")
+    prompts: str = _arg("Held-out text; passages are cut from it.")
+    tokenizer: str | None = _arg("Tokenizer directory (default: the model directory).", None)
+    out: str = _arg("Directory for tradeoff.json, tradeoff.txt and tradeoff.png.", "tradeoff")
+    temperatures: str = _arg("Comma-separated temperatures.", "0.2,0.5,0.7,0.9,1.0,1.2,1.5")
+    top_p: str | None = _arg("Comma-separated top-p values to sweep as well.", None)
+    passages: int = _arg("Passages cut from --prompts.", 24)
+    prompt_tokens: int = _arg("Prompt tokens per passage.", 32)
+    new_tokens: int = _arg("Tokens sampled per passage (and true continuation kept).", 32)
+    samples: int = _arg("Samples per passage and setting.", 2)
+    seed: int = _arg("Random seed.", 0)
+    dtype: Literal["auto", "float32", "bfloat16"] = _arg(_DTYPE_HELP, "auto")
+    device: str = _arg(_DEVICE_HELP, "auto")
+
+
+@dataclass
+class DataFetchArgs:
+    """Fetch sample datasets from their public sources (or copy them from a local mirror)."""
+
+    names: list[str] = _arg("Datasets: gpt1_bpe, gpt2_bpe, gutenberg, sst2, rte, ...", None, positional=True)
+    demo: bool = _arg("What `make demo` needs.", False)
+    all: bool = _arg("Every dataset.", False)
+    out: str = _arg("Where to write them.", "data")
+    mirror: str | None = _arg("Copy from this local directory instead of downloading.", None)
+
+
+@dataclass
+class DemoArgs:
+    """The whole job on the sample data: tokenizer, pre-training, fine-tuning, generation."""
+
+    data: str = _arg("The shared data directory.")
+    out: str = _arg("Run directory (replaced if the demo made it).", "runs/demo")
+    quick: bool = _arg("A much shorter run (seconds), to check the plumbing.", False)
+    time_budget: str = _arg("Wall-clock budget for pre-training.", "5m")
+    precision: Literal["auto", "fp32", "bf16"] = _arg("Training precision (auto: by the hardware).", "auto")
+    device: str = _arg(_DEVICE_HELP, "auto")
+
+
+# The commands -------------------------------------------------------------------------------------
+
+
+def cmd_convert(args: ConvertArgs) -> None:
+    from gptkit.checkpoint import hf_model_type
     from gptkit.model import GPT
 
     model = GPT.from_pretrained(args.source, n_head=args.n_head)
     model.save_pretrained(args.destination)
-    from gptkit.checkpoint import hf_model_type
-
-    print(
-        f"wrote {args.destination} ({hf_model_type(model.config)} format, {model.num_parameters():,} parameters)"
-    )
+    kind = hf_model_type(model.config)
+    print(f"wrote {args.destination} ({kind} format, {model.num_parameters():,} parameters)")
 
 
-def cmd_tokenizer_train(args) -> None:
+def cmd_tokenizer_train(args: TokenizerTrainArgs) -> None:
     from gptkit.tokenizer import train_bpe
 
     tok = train_bpe(
@@ -137,53 +327,45 @@ def cmd_tokenizer_train(args) -> None:
     print(f"wrote {args.out}: {len(tok)} tokens ({args.style})")
 
 
-def cmd_tokenize(args) -> None:
+def cmd_tokenize(args: TokenizeArgs) -> None:
     from gptkit.tokenizer import Tokenizer
 
     tok = Tokenizer.from_pretrained(args.tokenizer)
     text = Path(args.file).read_text(encoding="utf-8") if args.file else sys.stdin.read()
     if args.decode:
         ids = [int(x) for x in text.split()]
-        print(tok.decode(ids))
+        print(tok.decode(ids) if args.raw else tok.decode_text(ids))
     else:
         print(" ".join(map(str, tok.encode(text))))
 
 
-def cmd_prepare(args) -> None:
+def cmd_prepare(args: PrepareArgs) -> None:
     from gptkit.data.shards import prepare
 
     meta = prepare(
         args.tokenizer, args.files, args.out, val_fraction=args.val_fraction, jsonl_field=args.jsonl_field
     )
-    print(
-        f"wrote {args.out}: {meta['counts']['train']:,} training and {meta['counts']['val']:,} validation tokens"
-    )
+    counts = meta["counts"]
+    print(f"wrote {args.out}: {counts['train']:,} training and {counts['val']:,} validation tokens")
 
 
-def cmd_pretrain(args) -> None:
-    from gptkit.train.loop import TrainConfig
-    from gptkit.train.pretrain import PretrainConfig, pretrain
+def cmd_pretrain(config, train) -> None:
+    from gptkit.train.pretrain import pretrain
 
-    pre_values, train_values = _split_file_values(read_config_file(args.config), PretrainConfig, TrainConfig)
-    config = dataclass_from_args(PretrainConfig, args, pre_values)
-    train = dataclass_from_args(TrainConfig, args, train_values)
     if not config.data:
-        raise SystemExit("gptkit pretrain: --data is required (a directory written by `gptkit prepare`)")
+        raise ValueError("--data is required (a directory written by `gptkit prepare`)")
     metrics = pretrain(config, train)
     print(json.dumps({"out": config.out, **metrics}))
 
 
-def cmd_finetune(args) -> None:
-    from gptkit.train.finetune import FINETUNE_DEFAULTS, FinetuneConfig, finetune
-    from gptkit.train.loop import TrainConfig
+def cmd_finetune(config, train) -> None:
+    from gptkit.train.finetune import finetune
 
-    ft_values, train_values = _split_file_values(read_config_file(args.config), FinetuneConfig, TrainConfig)
-    config = dataclass_from_args(FinetuneConfig, args, ft_values)
-    train = dataclass_from_args(TrainConfig, args, {**FINETUNE_DEFAULTS, **train_values})
     print(json.dumps(finetune(config, train)))
 
 
-def _labelled_examples(args):
+def _labelled_examples(args: LabelledDataArgs):
+    from gptkit.checkpoint import read_json
     from gptkit.data.readers import parse_columns, read_dataset, read_table
     from gptkit.train.finetune import TASK_NAME
 
@@ -191,32 +373,33 @@ def _labelled_examples(args):
         return read_dataset(args.dataset, args.split, args.data_dir)
     if not args.data:
         raise ValueError("give --data FILE or --dataset NAME")
-    from gptkit.checkpoint import read_json
-
     task = read_json(Path(args.model) / TASK_NAME)["spec"]["task"]
     return read_table(args.data, task, parse_columns(args.columns))
 
 
-def cmd_evaluate(args) -> None:
+def cmd_evaluate(args: LabelledDataArgs) -> None:
     from gptkit.train.finetune import evaluate_model
 
-    print(json.dumps(evaluate_model(args.model, _labelled_examples(args), args.batch_size)))
+    examples = _labelled_examples(args)
+    print(json.dumps(evaluate_model(args.model, examples, args.batch_size, device=args.device)))
 
 
-def cmd_predict(args) -> None:
+def cmd_predict(args: PredictArgs) -> None:
     from gptkit.checkpoint import atomic_write
     from gptkit.train.finetune import predict
 
-    records = predict(args.model, _labelled_examples(args), args.batch_size)
+    records = predict(args.model, _labelled_examples(args), args.batch_size, device=args.device)
     text = "".join(json.dumps(r) + "\n" for r in records)
     atomic_write(args.out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     print(f"wrote {len(records)} predictions to {args.out}")
 
 
-def cmd_generate(args) -> None:
+def cmd_generate(args: GenerateArgs) -> None:
     from gptkit.textgen import load_for_generation, stream_text
 
-    model, tokenizer = load_for_generation(args.model, args.tokenizer, dtype=args.dtype)
+    model, tokenizer = load_for_generation(
+        args.model, args.tokenizer, dtype=args.dtype, device=args.device, verbose=True
+    )
     settings = dict(
         max_new_tokens=args.max_new_tokens,
         do_sample=not args.greedy,
@@ -226,6 +409,7 @@ def cmd_generate(args) -> None:
         repetition_penalty=args.repetition_penalty,
         stop=args.stop,
         seed=args.seed,
+        raw=args.raw,
     )
 
     def run(prompt: str) -> None:
@@ -243,76 +427,39 @@ def cmd_generate(args) -> None:
         run(args.prompt)
 
 
-def cmd_perplexity(args) -> None:
+def cmd_perplexity(args: PerplexityArgs) -> None:
     from gptkit.evaluate.lm import perplexity
     from gptkit.textgen import load_for_generation
 
-    model, tokenizer = load_for_generation(args.model, args.tokenizer)
+    model, tokenizer = load_for_generation(
+        args.model, args.tokenizer, dtype=args.dtype, device=args.device, decoding=False, verbose=True
+    )
     ids = tokenizer.encode(Path(args.file).read_text(encoding="utf-8"))
     print(json.dumps({"file": args.file, **perplexity(model, ids, stride=args.stride)}))
 
 
-_ZEROSHOT_DATASETS = {"sentiment": "sst2", "multiple_choice": "story_cloze", "acceptability": "cola"}
+def cmd_zeroshot(args: ZeroshotArgs) -> None:
+    from gptkit.evaluate.zeroshot import run_checkpoints, zeroshot
+    from gptkit.textgen import load_for_generation
 
-
-def _zeroshot_once(model_dir: Path, tokenizer, args) -> dict:
-    from gptkit.data.readers import read_dataset
-    from gptkit.evaluate import lm
-    from gptkit.model import GPT
-
-    model = GPT.from_pretrained(model_dir)
-    dataset = args.dataset or _ZEROSHOT_DATASETS[args.task]
-    examples = read_dataset(dataset, args.split, args.data_dir)[: args.limit]
-    encode = tokenizer.encode
-    if args.task == "sentiment":
-        return lm.zeroshot_sentiment(
-            model, encode, [e.fields["text"] for e in examples], [e.label for e in examples]
+    targets = run_checkpoints(args.model) if args.checkpoints else [(None, Path(args.model))]
+    tokenizer_dir = args.tokenizer or args.model
+    for step, directory in targets:
+        model, tokenizer = load_for_generation(
+            directory, tokenizer_dir, dtype=args.dtype, device=args.device, decoding=False
         )
-    if args.task == "multiple_choice":
-        return lm.zeroshot_multiple_choice(
-            model,
-            encode,
-            [e.fields["context"] for e in examples],
-            [e.fields["choices"] for e in examples],
-            [e.label for e in examples],
-        )
-    fit = read_dataset(dataset, "train", args.data_dir)[: args.limit]
-    start = (
-        [next(iter(tokenizer.special_tokens.values()))]
-        if "<|endoftext|>" in tokenizer.special_tokens
-        else encode(".")
-    )
-    return lm.zeroshot_acceptability(
-        model,
-        encode,
-        start,
-        [e.fields["text"] for e in fit],
-        [e.label for e in fit],
-        [e.fields["text"] for e in examples],
-        [e.label for e in examples],
-    )
+        result = zeroshot(model, tokenizer, args.task, args.data_dir, args.dataset, args.split, args.limit)
+        record = {"task": args.task, "model": str(directory), "step": step, **result}
+        print(json.dumps(record), flush=True)
 
 
-def cmd_zeroshot(args) -> None:
-    from gptkit.tokenizer import Tokenizer
-
-    tokenizer = Tokenizer.from_pretrained(args.tokenizer or args.model)
-    directories = [Path(args.model)]
-    if args.checkpoints:
-        directories = sorted(p for p in (Path(args.model) / "checkpoints").glob("step-*") if p.is_dir())
-        if not directories:
-            raise FileNotFoundError(f"{args.model}/checkpoints: no step-* checkpoints")
-    for directory in directories:
-        result = _zeroshot_once(directory, tokenizer, args)
-        step = int(directory.name.split("-")[1]) if directory.name.startswith("step-") else None
-        print(json.dumps({"task": args.task, "model": str(directory), "step": step, **result}), flush=True)
-
-
-def cmd_tradeoff(args) -> None:
+def cmd_tradeoff(args: TradeoffArgs) -> None:
     from gptkit.evaluate.tradeoff import format_table, passages_from_text, save_report, sweep
     from gptkit.textgen import load_for_generation
 
-    model, tokenizer = load_for_generation(args.model, args.tokenizer)
+    model, tokenizer = load_for_generation(
+        args.model, args.tokenizer, dtype=args.dtype, device=args.device, verbose=True
+    )
     ids = tokenizer.encode(Path(args.prompts).read_text(encoding="utf-8"))
     passages = passages_from_text(ids, args.prompt_tokens, args.new_tokens, args.passages)
     temperatures = [float(t) for t in args.temperatures.split(",")]
@@ -323,20 +470,69 @@ def cmd_tradeoff(args) -> None:
     print(f"wrote {args.out}/tradeoff.json, tradeoff.txt, tradeoff.png")
 
 
-def cmd_data_fetch(args) -> None:
+def cmd_data_fetch(args: DataFetchArgs) -> None:
     from gptkit.data.fetch import DEMO, SOURCES, fetch
 
-    names = list(SOURCES) if args.all else list(DEMO) if args.demo else args.names
+    names = list(SOURCES) if args.all else list(DEMO) if args.demo else list(args.names or [])
     if not names:
         raise ValueError(f"name datasets to fetch ({', '.join(SOURCES)}), or --demo, or --all")
     written = fetch(names, args.out, mirror=args.mirror)
     print(f"{len(written)} file(s) written to {args.out}")
 
 
-def cmd_demo(args) -> None:
+def cmd_demo(args: DemoArgs) -> None:
     from gptkit.demo import run_demo
 
-    run_demo(Path(args.data), Path(args.out), quick=args.quick)
+    run_demo(
+        Path(args.data),
+        Path(args.out),
+        quick=args.quick,
+        time_budget=args.time_budget,
+        precision=args.precision,
+        device=args.device,
+    )
+
+
+# The parser ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Command:
+    name: str  # "tokenizer train" for a sub-command
+    configs: tuple[type, ...]
+    run: Callable[..., None]
+    config_file: bool = False  # --config FILE for the training commands
+
+
+def _commands() -> list[Command]:
+    # Imported here: the training configs pull in torch, which `gptkit --version` does not need.
+    from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig
+    from gptkit.train.loop import TrainConfig
+    from gptkit.train.pretrain import PretrainConfig
+
+    return [
+        Command("convert", (ConvertArgs,), cmd_convert),
+        Command("tokenizer train", (TokenizerTrainArgs,), cmd_tokenizer_train),
+        Command("tokenize", (TokenizeArgs,), cmd_tokenize),
+        Command("prepare", (PrepareArgs,), cmd_prepare),
+        Command("pretrain", (PretrainConfig, TrainConfig), cmd_pretrain, config_file=True),
+        Command("finetune", (FinetuneConfig, FinetuneTrainConfig), cmd_finetune, config_file=True),
+        Command("evaluate", (LabelledDataArgs,), cmd_evaluate),
+        Command("predict", (PredictArgs,), cmd_predict),
+        Command("generate", (GenerateArgs,), cmd_generate),
+        Command("perplexity", (PerplexityArgs,), cmd_perplexity),
+        Command("zeroshot", (ZeroshotArgs,), cmd_zeroshot),
+        Command("analyze tradeoff", (TradeoffArgs,), cmd_tradeoff),
+        Command("data fetch", (DataFetchArgs,), cmd_data_fetch),
+        Command("demo", (DemoArgs,), cmd_demo),
+    ]
+
+
+_GROUPS = {"tokenizer": "Tokenizer tools.", "data": "Sample datasets.", "analyze": "Analyses of a model."}
+
+
+def _summary(cls) -> str:
+    return (cls.__doc__ or "").strip().split("\n")[0]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -345,161 +541,46 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gptkit", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"gptkit {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    p = commands.add_parser(
-        "convert", help="Convert weights: HF dir, gptkit dir or OpenAI GPT-1 release → HF/gptkit dir."
-    )
-    p.add_argument("source", help="Directory (or hub name) to read.")
-    p.add_argument("destination", help="Directory to write (config.json + model.safetensors).")
-    p.add_argument(
-        "--n-head", type=int, default=12, help="Heads, for OpenAI's release which does not record them."
-    )
-    p.set_defaults(func=cmd_convert)
-
-    p = commands.add_parser("tokenizer", help="Tokenizer tools.")
-    sub = p.add_subparsers(dest="tokenizer_command", required=True, metavar="ACTION")
-    t = sub.add_parser("train", help="Train a BPE vocabulary on your corpus.")
-    t.add_argument("--corpus", nargs="+", required=True, help="Text files.")
-    t.add_argument("--vocab-size", type=int, required=True)
-    t.add_argument("--style", choices=["gpt1", "bytelevel"], default="bytelevel")
-    t.add_argument("--min-frequency", type=int, default=2)
-    t.add_argument("--out", required=True)
-    t.set_defaults(func=cmd_tokenizer_train)
-
-    p = commands.add_parser("tokenize", help="Print the token ids of a file (or stdin), or decode ids.")
-    p.add_argument("--tokenizer", required=True, help="Tokenizer directory.")
-    p.add_argument("file", nargs="?", help="Text file (default: stdin).")
-    p.add_argument("--decode", action="store_true", help="Read whitespace-separated ids and print text.")
-    p.set_defaults(func=cmd_tokenize)
-
-    p = commands.add_parser("prepare", help="Tokenize a corpus into token shards for pre-training.")
-    p.add_argument("--tokenizer", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--val-fraction", type=float, default=0.05)
-    p.add_argument(
-        "--jsonl-field", default=None, help="Read JSONL files, one document per line, from this field."
-    )
-    p.add_argument("files", nargs="+")
-    p.set_defaults(func=cmd_prepare)
-
-    from gptkit.train.loop import TrainConfig
-    from gptkit.train.pretrain import PretrainConfig
-
-    p = commands.add_parser("pretrain", help="Pre-train a GPT (L1) on prepared shards.")
-    p.add_argument("--config", help="YAML or JSON file of the fields below.")
-    add_dataclass_arguments(p, PretrainConfig)
-    add_dataclass_arguments(p, TrainConfig)
-    p.set_defaults(func=cmd_pretrain)
-
-    from gptkit.train.finetune import FinetuneConfig
-
-    p = commands.add_parser("finetune", help="Fine-tune on a labelled task (L3 = L2 + λ·L1).")
-    p.add_argument("--config", help="YAML or JSON file of the fields below.")
-    add_dataclass_arguments(p, FinetuneConfig)
-    add_dataclass_arguments(p, TrainConfig)
-    p.set_defaults(func=cmd_finetune)
-
-    for name, func, text in (
-        ("evaluate", cmd_evaluate, "Print a fine-tuned model's metrics on labelled data as JSON."),
-        ("predict", cmd_predict, "Write one JSON prediction per input row."),
-    ):
-        p = commands.add_parser(name, help=text)
-        p.add_argument("--model", required=True, help="Directory written by `gptkit finetune`.")
-        p.add_argument("--data", help="CSV/TSV/JSONL file.")
-        p.add_argument("--columns", help="field=column,... as for finetune.")
-        p.add_argument("--dataset", help="Or a public dataset by name.")
-        p.add_argument("--split", default="dev")
-        p.add_argument("--data-dir", default="data")
-        p.add_argument("--batch-size", type=int, default=64)
-        if name == "predict":
-            p.add_argument("--out", required=True, help="Output JSONL file.")
-        p.set_defaults(func=func)
-
-    p = commands.add_parser("generate", help="Generate text from a prompt, printing as it goes.")
-    p.add_argument("--model", required=True)
-    p.add_argument("--tokenizer", default=None, help="Tokenizer directory (default: the model directory).")
-    p.add_argument("--prompt", default="")
-    p.add_argument(
-        "--interactive", action="store_true", help="Read prompts from stdin, one a line, until EOF."
-    )
-    p.add_argument("--max-new-tokens", type=int, default=50)
-    p.add_argument("--greedy", action="store_true", help="Always take the most likely token.")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--repetition-penalty", type=float, default=1.0)
-    p.add_argument("--stop", action="append", default=None, help="Stop at this string (repeatable).")
-    p.add_argument("--num-samples", type=int, default=1)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    p.set_defaults(func=cmd_generate)
-
-    p = commands.add_parser("data", help="Sample datasets.")
-    sub = p.add_subparsers(dest="data_command", required=True, metavar="ACTION")
-    t = sub.add_parser("fetch", help="Fetch sample datasets from their public sources (or a local mirror).")
-    t.add_argument("names", nargs="*", help="Datasets: gpt1_bpe, gpt2_bpe, gutenberg, sst2, rte, ...")
-    t.add_argument("--demo", action="store_true", help="What `make demo` needs.")
-    t.add_argument("--all", action="store_true", help="Every dataset.")
-    t.add_argument("--out", default="data", help="Where to write them (default: data/).")
-    t.add_argument("--mirror", default=None, help="Copy from this local directory instead of downloading.")
-    t.set_defaults(func=cmd_data_fetch)
-
-    p = commands.add_parser("perplexity", help="Perplexity of a text file (strided sliding window).")
-    p.add_argument("--model", required=True)
-    p.add_argument("--tokenizer", default=None)
-    p.add_argument("--stride", type=int, default=None, help="Window step (default: half the context).")
-    p.add_argument("file")
-    p.set_defaults(func=cmd_perplexity)
-
-    p = commands.add_parser("zeroshot", help="GPT-1's zero-shot heuristics (§5) on a public dataset.")
-    p.add_argument("--model", required=True, help="A model directory, or a run directory with --checkpoints.")
-    p.add_argument("--tokenizer", default=None)
-    p.add_argument("--task", choices=sorted(_ZEROSHOT_DATASETS), required=True)
-    p.add_argument("--dataset", default=None, help="Default: sst2, story_cloze or cola by task.")
-    p.add_argument("--split", default="dev")
-    p.add_argument("--data-dir", default="data")
-    p.add_argument("--limit", type=int, default=None, help="Use the first N examples.")
-    p.add_argument(
-        "--checkpoints", action="store_true", help="Evaluate every checkpoint of a pre-training run."
-    )
-    p.set_defaults(func=cmd_zeroshot)
-
-    p = commands.add_parser("analyze", help="Analyses of a trained model.")
-    sub = p.add_subparsers(dest="analysis", required=True, metavar="ANALYSIS")
-    t = sub.add_parser("tradeoff", help="Sweep temperature/top-p: diversity against fidelity.")
-    t.add_argument("--model", required=True)
-    t.add_argument("--tokenizer", default=None)
-    t.add_argument("--prompts", required=True, help="Held-out text; passages are cut from it.")
-    t.add_argument("--out", default="tradeoff")
-    t.add_argument("--temperatures", default="0.2,0.5,0.7,0.9,1.0,1.2,1.5")
-    t.add_argument("--top-p", default=None, help="Comma-separated top-p values to sweep as well.")
-    t.add_argument("--passages", type=int, default=24)
-    t.add_argument("--prompt-tokens", type=int, default=32)
-    t.add_argument("--new-tokens", type=int, default=32)
-    t.add_argument("--samples", type=int, default=2, help="Samples per passage and setting.")
-    t.add_argument("--seed", type=int, default=0)
-    t.set_defaults(func=cmd_tradeoff)
-
-    p = commands.add_parser(
-        "demo", help="The whole job on the sample data: prepare, pre-train, fine-tune, generate."
-    )
-    p.add_argument("--data", required=True, help="The shared data directory.")
-    p.add_argument("--out", default="runs/demo")
-    p.add_argument(
-        "--quick", action="store_true", help="A much shorter run (seconds), to check the plumbing."
-    )
-    p.set_defaults(func=cmd_demo)
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for command in _commands():
+        summary = _summary(command.configs[0])
+        if command.name == "pretrain":
+            summary = "Pre-train a GPT (L1) on prepared token shards."
+        if command.name == "finetune":
+            summary = "Fine-tune on a labelled task (L3 = L2 + λ·L1), with the paper's defaults."
+        group, _, action = command.name.partition(" ")
+        if action:
+            if group not in groups:
+                p = commands.add_parser(group, help=_GROUPS[group], description=_GROUPS[group])
+                groups[group] = p.add_subparsers(dest=f"{group}_command", required=True, metavar="ACTION")
+            p = groups[group].add_parser(action, help=summary, description=summary)
+        else:
+            p = commands.add_parser(group, help=summary, description=summary)
+        if command.config_file:
+            p.add_argument("--config", help="YAML or JSON file of the fields below; flags override it.")
+        for cls in command.configs:
+            add_dataclass_arguments(p, cls)
+        p.set_defaults(command_spec=command)
     return parser
+
+
+def _build_configs(command: Command, args: argparse.Namespace) -> list[Any]:
+    if command.config_file:
+        file_values = _split_file_values(read_config_file(args.config), *command.configs)
+    else:
+        file_values = [{} for _ in command.configs]
+    return [dataclass_from_args(cls, args, values) for cls, values in zip(command.configs, file_values)]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    command: Command = args.command_spec
     try:
-        args.func(args)
+        command.run(*_build_configs(command, args))
     except (ValueError, OSError, ImportError) as e:
-        print(f"gptkit {args.command}: error: {e}", file=sys.stderr)
+        print(f"gptkit {command.name}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
-        print(f"gptkit {args.command}: {e or 'interrupted'}", file=sys.stderr)
+        print(f"gptkit {command.name}: {e or 'interrupted'}", file=sys.stderr)
         return 130
     return 0

@@ -1,0 +1,76 @@
+"""GPT-1's zero-shot heuristics (§5, Figure 2 right) run on a public dataset, for one model or a run.
+
+The heuristics themselves are in :mod:`gptkit.evaluate.lm`; this module picks each one's dataset,
+reads the examples and the start token, and walks a pre-training run's checkpoints.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gptkit.data.readers import read_dataset
+from gptkit.evaluate import lm
+from gptkit.model import GPT
+from gptkit.textgen import start_ids
+from gptkit.tokenizer import Tokenizer
+
+# Each heuristic and the dataset the paper ran it on.
+ZEROSHOT_DATASETS = {"sentiment": "sst2", "multiple_choice": "story_cloze", "acceptability": "cola"}
+
+
+def _score_start(model: GPT, tokenizer: Tokenizer) -> list[int]:
+    """The token a sentence is scored after: the start/end-of-text token when the model has its row
+    (GPT-2; GPT-1 after fine-tuning), else "." — a sentence boundary every vocabulary has."""
+    try:
+        return start_ids(model, tokenizer)
+    except ValueError:
+        return tokenizer.encode(".")
+
+
+def zeroshot(
+    model: GPT,
+    tokenizer: Tokenizer,
+    task: str,
+    data_dir: str | Path,
+    dataset: str | None = None,
+    split: str = "dev",
+    limit: int | None = None,
+) -> dict[str, float]:
+    """Score ``model`` with the zero-shot heuristic of ``task`` (sentiment, multiple_choice,
+    acceptability) on ``split`` of ``dataset`` (default: the paper's dataset for the task)."""
+    if task not in ZEROSHOT_DATASETS:
+        raise ValueError(f"task must be one of {', '.join(ZEROSHOT_DATASETS)}, got {task!r}")
+    dataset = dataset or ZEROSHOT_DATASETS[task]
+    examples = read_dataset(dataset, split, data_dir)[:limit]
+    encode = tokenizer.encode
+    if task == "sentiment":
+        return lm.zeroshot_sentiment(
+            model, encode, [e.fields["text"] for e in examples], [e.label for e in examples]
+        )
+    if task == "multiple_choice":
+        return lm.zeroshot_multiple_choice(
+            model,
+            encode,
+            [e.fields["context"] for e in examples],
+            [e.fields["choices"] for e in examples],
+            [e.label for e in examples],
+        )
+    # Acceptability: the threshold is fitted on the training split, never on the one reported.
+    fit = read_dataset(dataset, "train", data_dir)[:limit]
+    return lm.zeroshot_acceptability(
+        model,
+        encode,
+        _score_start(model, tokenizer),
+        [e.fields["text"] for e in fit],
+        [e.label for e in fit],
+        [e.fields["text"] for e in examples],
+        [e.label for e in examples],
+    )
+
+
+def run_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, directory) of every checkpoint of a training run, oldest first."""
+    directories = sorted(p for p in (Path(run_dir) / "checkpoints").glob("step-*") if p.is_dir())
+    if not directories:
+        raise FileNotFoundError(f"{run_dir}/checkpoints: no step-* checkpoints")
+    return [(int(p.name.split("-")[1]), p) for p in directories]
