@@ -24,13 +24,12 @@ from gptkit.checkpoint import (
     SAFETENSORS_NAME,
     load_openai_release,
     load_pretrained,
-    read_json,
     read_state_dict,
-    read_train_state,
     save_pretrained,
     state_dict_to_hf,
 )
 from gptkit.data.shards import TokenShard, prepare
+from gptkit.io import read_json, read_train_state
 from gptkit.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from gptkit import GPT, GPTConfig
+from gptkit.data.metrics import f1, matthews_corrcoef, pearson, spearman
 from gptkit.evaluate import lm
-from gptkit.evaluate.metrics import f1, matthews_corrcoef, pearson, spearman
 from gptkit.evaluate.tradeoff import _distinct, _unigram_f1, passages_from_text, sweep
 
 

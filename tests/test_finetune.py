@@ -12,15 +12,9 @@ import torch.nn.functional as F
 from gptkit import GPT, GPTConfig
 from gptkit.data.readers import DataError, Example, read_dataset, read_table
 from gptkit.data.tasks import TaskSpec, build_sequences, collate, encode_examples, fit_segments
-from gptkit.train.finetune import (
-    FinetuneConfig,
-    TaskModel,
-    evaluate_model,
-    finetune,
-    finetune_train_config,
-    predict,
-    reinitialize_blocks,
-)
+from gptkit.evaluate.tasks import evaluate_model, predict
+from gptkit.task_model import TaskModel
+from gptkit.train.finetune import FinetuneConfig, finetune, finetune_train_config
 
 SPECIALS = {"_start_": 100, "_delimiter_": 101, "_classify_": 102}
 WORDS = {w: i for i, w in enumerate("the cat sat on a mat dog ran far away yes no".split())}
@@ -130,13 +124,13 @@ def test_multiple_choice_scores_equal_transformers_double_heads(tmp_path):
 def test_transfer_layers_keeps_only_the_first_blocks():
     gpt = tiny_gpt()
     before = {k: v.clone() for k, v in gpt.state_dict().items()}
-    reinitialize_blocks(gpt, 1)
+    gpt.reinitialize_blocks(keep=1)
     after = gpt.state_dict()
     assert torch.equal(after["wte.weight"], before["wte.weight"])
     assert torch.equal(after["h.0.attn.c_attn.weight"], before["h.0.attn.c_attn.weight"])
     assert not torch.equal(after["h.1.attn.c_attn.weight"], before["h.1.attn.c_attn.weight"])
     with pytest.raises(ValueError, match="0..2"):
-        reinitialize_blocks(gpt, 3)
+        gpt.reinitialize_blocks(keep=3)
 
 
 # Readers ----------------------------------------------------------------------------------------
@@ -236,7 +230,7 @@ def test_finetune_end_to_end_from_scratch(tmp_path, data_dir):
         tokenizer=str(data_dir / "gpt2_bpe"),
         preset="tiny",
         d_model=32,
-        context=32,
+        context_length=32,
         out=str(tmp_path / "run"),
         epochs=8,
         lm_coef=0.0,
@@ -244,6 +238,9 @@ def test_finetune_end_to_end_from_scratch(tmp_path, data_dir):
     train = finetune_train_config(lr=3e-3, batch_size=16, progress=False)
     results = finetune(config, train)
     assert results["best"]["dev_accuracy"] >= 0.9
+    # The configs passed in are not changed: a second run with them derives its own step counts.
+    assert (train.max_steps, train.warmup_steps, train.eval_every) == (None, None, None)
+    assert results["steps"] == 8 * (256 // 16)
     run = tmp_path / "run"
     assert json.loads((run / "task.json").read_text())["spec"]["labels"] == ["neg", "pos"]
     assert json.loads((run / "best.json").read_text())["score"] == results["best"]["dev_accuracy"]
@@ -256,3 +253,13 @@ def test_finetune_end_to_end_from_scratch(tmp_path, data_dir):
         metrics["accuracy"]
     )
     assert all(abs(sum(p["probabilities"].values()) - 1) < 1e-5 for p in predictions)
+    # The first-class model: loaded from the directory, it predicts raw rows the same way, and
+    # saved again it loads to the same predictions.
+    model = TaskModel.from_pretrained(run)
+    rows = [{"text": e.fields["text"]} for e in dev[:8]]
+    model.save_pretrained(tmp_path / "copy")
+    again = TaskModel.from_pretrained(tmp_path / "copy")
+    for ours, saved, expected in zip(model.predict(rows), again.predict(rows), predictions):
+        for record in (ours, saved):
+            assert record["label"] == expected["label"]
+            assert record["probabilities"] == pytest.approx(expected["probabilities"], abs=1e-5)

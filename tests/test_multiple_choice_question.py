@@ -14,13 +14,9 @@ from gptkit.data.tasks import (
     fit_segments,
     special_token_ids,
 )
-from gptkit.train.finetune import (
-    FinetuneConfig,
-    finetune,
-    finetune_train_config,
-    load_task_model,
-    predict,
-)
+from gptkit.evaluate.tasks import predict
+from gptkit.task_model import TaskModel
+from gptkit.train.finetune import FinetuneConfig, finetune, finetune_train_config
 
 SPECIALS = {"_start_": 100, "_delimiter_": 101, "_classify_": 102}
 S, D, E = 100, 101, 102
@@ -161,7 +157,8 @@ def test_finetune_and_predict_with_a_question(tmp_path, data_dir):
     assert len(predictions) == 8
 
     # The same scores by hand: [z; q; $; a_k] for each answer, W_y at <e>, softmax over the answers.
-    model, tokenizer = load_task_model(tmp_path / "run")
+    model = TaskModel.from_pretrained(tmp_path / "run")
+    tokenizer = model.tokenizer
     ids = special_token_ids(tokenizer)
     start, delim, extract = ids["_start_"], ids["_delimiter_"], ids["_classify_"]
 

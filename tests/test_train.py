@@ -84,10 +84,11 @@ def test_prepare_jsonl_and_bad_rows(data_dir, tmp_path):
 
 def test_windows_are_drawn_without_replacement_and_shared_across_ranks(shards):
     shard = TokenShard.open(shards, "train")
-    sampler = WindowSampler(shard, context=32, batch_size=8, seed=1)
-    n_batches = sampler.n_windows // 8
+    sampler = WindowSampler(shard, context_length=32, batch_size=8, seed=1)
+    n_windows = shard.n_windows(32)
+    n_batches = n_windows // 8
     seen = [tuple(w.tolist()) for _ in range(n_batches) for w in sampler.next_batch()]
-    all_windows = {tuple(shard.window(i, 32).tolist()) for i in range(sampler.n_windows)}
+    all_windows = {tuple(shard.window(i, 32).tolist()) for i in range(n_windows)}
     assert len(set(seen)) == len(seen) == n_batches * 8  # no window twice in an epoch
     assert set(seen) <= all_windows
     # Two ranks take the two halves of the same global batch.
@@ -249,7 +250,7 @@ def run_pretrain(shards, out, *extra, nproc=1):
         str(out),
         "--preset",
         "tiny",
-        "--context",
+        "--context-length",
         "32",
         "--dropout",
         "0",
@@ -353,7 +354,7 @@ def test_kill_9_loses_only_the_steps_since_the_last_checkpoint(shards, tmp_path)
         str(out),
         "--preset",
         "tiny",
-        "--context",
+        "--context-length",
         "32",
         "--batch-size",
         "4",

@@ -10,9 +10,9 @@ The public API::
 
 from gptkit.config import PRESETS, GPTConfig
 from gptkit.model import GPT, GPTOutput, KVCache
+from gptkit.task_model import TaskModel
 from gptkit.textgen import generate_text, load_for_generation, stream_text
 from gptkit.tokenizer import Tokenizer
-from gptkit.train.finetune import TaskModel
 
 __version__ = "0.1.0"
 

@@ -8,12 +8,8 @@ options that Hugging Face cannot express (sinusoidal positions, ``n_special``) s
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import tempfile
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +17,15 @@ import numpy as np
 import torch
 
 from gptkit.config import GPTConfig
+from gptkit.io import (
+    RESAVE_ADVICE,
+    json_type_name,
+    read_json,
+    read_pytorch_weights,
+    read_safetensors,
+    save_safetensors,
+    write_json,
+)
 from gptkit.model import GPT, sinusoidal_positions
 
 CONFIG_NAME = "config.json"
@@ -40,156 +45,6 @@ _SKIPPED = re.compile(r"(^lm_head\.weight$|\.attn\.bias$|\.attn\.masked_bias$|^m
 # Our activation names against each HF model's.
 _OPENAI_AFN = {"gelu_tanh": "gelu", "relu": "relu"}  # HF openai-gpt's "gelu" is the tanh form
 _GPT2_ACTIVATION = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
-
-
-# Atomic writes ---------------------------------------------------------------------------------
-
-
-def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_path)``, then rename the file into place: a crash never leaves half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def write_json(path: str | Path, data: Any) -> None:
-    def write(tmp: str) -> None:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=2, ensure_ascii=False)
-            f.write("\n")
-
-    atomic_write(path, write)
-
-
-def read_json(path: str | Path) -> Any:
-    """The JSON value in ``path``. A damaged file is a ValueError naming the file and the damage."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(
-            f"{path}: not UTF-8 text (invalid byte at offset {e.start}): the file is damaged or not JSON"
-        ) from e
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        where = f"line {e.lineno}, column {e.colno}: {e.msg}"
-        if not text.strip():
-            raise ValueError(f"{path}: not valid JSON: the file is empty") from e
-        # A file cut short fails at its very end, or inside a string that never closes.
-        if e.pos >= len(text.rstrip()) or e.msg.startswith("Unterminated string"):
-            raise ValueError(f"{path}: not valid JSON: the file ends early, it is truncated ({where})") from e
-        raise ValueError(f"{path}: not valid JSON ({where})") from e
-
-
-_JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
-
-
-def json_type_name(value: Any) -> str:
-    """How JSON calls the type of a decoded value ("an object", "a number", ...), for messages."""
-    return _JSON_TYPES.get(type(value), "a number")
-
-
-def read_json_object(path: str | Path) -> dict[str, Any]:
-    """A JSON file that must hold an object ``{...}``: anything else is a ValueError naming the file."""
-    value = read_json(path)
-    if not isinstance(value, dict):
-        raise ValueError(f"{path}: expected a JSON object {{...}}, found {json_type_name(value)}")
-    return value
-
-
-def save_safetensors(
-    tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None
-):
-    from safetensors.torch import save_file
-
-    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
-    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
-
-
-_RESAVE = "re-download or re-save it"
-
-
-def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """The tensors of a ``.safetensors`` file; a damaged file is a ValueError that names it."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
-    try:
-        return load_file(path)
-    except SafetensorError as e:
-        raise ValueError(
-            f"{path}: cannot be read ({e}): the file is truncated or not a safetensors file; {_RESAVE}"
-        ) from e
-
-
-def _torch_load(path: Path, remedy: str) -> Any:
-    """``torch.load`` of tensors, numbers and strings only; a damaged file is a ValueError naming it."""
-    try:
-        # weights_only: never unpickle arbitrary objects from a file someone handed us.
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except OSError:
-        raise  # missing or unreadable: the OS's message already names the file
-    except Exception as e:  # torch reports damage as RuntimeError, EOFError, KeyError, UnpicklingError...
-        cause = _one_line_cause(e)
-        if "Unsupported global" in cause:
-            problem = f"it holds Python objects other than tensors, which gptkit never unpickles ({cause})"
-        else:
-            problem = f"cannot be read ({cause}): the file is truncated or was not written by torch.save"
-        raise ValueError(f"{path}: {problem}; {remedy}") from e
-
-
-def _one_line_cause(error: Exception) -> str:
-    """The gist of torch.load's error, whose message can run over many lines of advice."""
-    text = str(error).strip()
-    # The weights-only unpickler wraps the actual problem in a page about PyTorch 2.6's defaults.
-    if "WeightsUnpickler error:" in text:
-        text = text.split("WeightsUnpickler error:", 1)[1].strip()
-    first_sentence = text.splitlines()[0].split(". ", 1)[0][:200] if text else ""
-    return f"{type(error).__name__}: {first_sentence}" if first_sentence else type(error).__name__
-
-
-def read_pytorch_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    """The tensors of a ``pytorch_model.bin``; a damaged file is a ValueError that names it."""
-    path = Path(path)
-    state = _torch_load(path, _RESAVE)
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(f"{path}: expected a dictionary of named tensors, found {type(state).__name__}")
-    return state
-
-
-# What Trainer.resume reads from train_state.pt.
-TRAIN_STATE_FIELDS = ("step", "optimizer", "data", "rng")
-
-
-def read_train_state(path: str | Path) -> dict[str, Any]:
-    """A training checkpoint's ``train_state.pt`` (step, optimizer moments, data position, RNG).
-
-    Any damage (truncated, garbage, missing fields) is a ValueError naming the file.
-    """
-    path = Path(path)
-    remedy = (
-        f"the checkpoint {path.parent.name} is damaged: point latest.json at an earlier step-* "
-        "directory, or start the run again without --resume"
-    )
-    state = _torch_load(path, remedy)
-    if not isinstance(state, dict):
-        raise ValueError(f"{path}: expected a dictionary, found {type(state).__name__}; {remedy}")
-    missing = [name for name in TRAIN_STATE_FIELDS if name not in state]
-    if missing:
-        raise ValueError(f"{path}: missing field(s) {', '.join(missing)}; {remedy}")
-    return state
 
 
 # Configs ---------------------------------------------------------------------------------------
@@ -531,7 +386,7 @@ def _read_npy(path: Path) -> np.ndarray:
         array = np.load(path, allow_pickle=False)
     except (ValueError, EOFError) as e:  # numpy's reports of a short or foreign file
         raise ValueError(
-            f"{path}: cannot be read ({e}): the file is truncated or not a .npy array; {_RESAVE}"
+            f"{path}: cannot be read ({e}): the file is truncated or not a .npy array; {RESAVE_ADVICE}"
         ) from e
     if array.dtype.kind != "f":
         raise ValueError(f"{path}: holds {array.dtype} numbers, expected floating-point weights")
@@ -558,7 +413,7 @@ def load_openai_release(directory: str | Path, n_head: int = 12, context_length:
     if flat.size != sum(sizes):
         raise ValueError(
             f"{directory}: params_*.npy hold {flat.size} numbers, {OPENAI_SHAPES_NAME} describes {sum(sizes)}: "
-            f"a params_*.npy file is missing or damaged; {_RESAVE}"
+            f"a params_*.npy file is missing or damaged; {RESAVE_ADVICE}"
         )
     arrays = [a.reshape(s) for a, s in zip(np.split(flat, np.cumsum(sizes)[:-1]), shapes)]
 

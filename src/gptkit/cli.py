@@ -352,8 +352,6 @@ def cmd_prepare(args: PrepareArgs) -> None:
 def cmd_pretrain(config, train) -> None:
     from gptkit.train.pretrain import pretrain
 
-    if not config.data:
-        raise ValueError("--data is required (a directory written by `gptkit prepare`)")
     metrics = pretrain(config, train)
     print(json.dumps({"out": config.out, **metrics}))
 
@@ -365,28 +363,28 @@ def cmd_finetune(config, train) -> None:
 
 
 def _labelled_examples(args: LabelledDataArgs):
-    from gptkit.checkpoint import read_json
     from gptkit.data.readers import parse_columns, read_dataset, read_table
-    from gptkit.train.finetune import TASK_NAME
+    from gptkit.io import read_json_object
+    from gptkit.task_model import TASK_NAME
 
     if args.dataset:
         return read_dataset(args.dataset, args.split, args.data_dir)
     if not args.data:
         raise ValueError("give --data FILE or --dataset NAME")
-    task = read_json(Path(args.model) / TASK_NAME)["spec"]["task"]
+    task = read_json_object(Path(args.model) / TASK_NAME).get("spec", {}).get("task")
     return read_table(args.data, task, parse_columns(args.columns))
 
 
 def cmd_evaluate(args: LabelledDataArgs) -> None:
-    from gptkit.train.finetune import evaluate_model
+    from gptkit.evaluate.tasks import evaluate_model
 
     examples = _labelled_examples(args)
     print(json.dumps(evaluate_model(args.model, examples, args.batch_size, device=args.device)))
 
 
 def cmd_predict(args: PredictArgs) -> None:
-    from gptkit.checkpoint import atomic_write
-    from gptkit.train.finetune import predict
+    from gptkit.evaluate.tasks import predict
+    from gptkit.io import atomic_write
 
     records = predict(args.model, _labelled_examples(args), args.batch_size, device=args.device)
     text = "".join(json.dumps(r) + "\n" for r in records)

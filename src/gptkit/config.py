@@ -6,6 +6,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+# The label that the language-model loss skips (padding, and inputs that are not predicted).
+IGNORE_INDEX = -100
+
 LNPosition = Literal["post", "pre"]
 PositionEncoding = Literal["learned", "sinusoidal"]
 Activation = Literal["gelu_tanh", "gelu", "relu"]

@@ -20,9 +20,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from gptkit.checkpoint import read_json, write_json
 from gptkit.data.readers import read_dataset
 from gptkit.data.shards import prepare
+from gptkit.io import read_json, write_json
 from gptkit.textgen import generate_text, load_for_generation
 from gptkit.tokenizer import train_bpe
 from gptkit.train.finetune import FinetuneConfig, finetune, finetune_train_config
@@ -73,8 +73,8 @@ def run_demo(
     (out / MARKER).write_text("made by gptkit demo; safe to delete\n")
     started = time.perf_counter()
     corpus = _corpus(data)
-    size = dict(vocab=1000, steps=20, n_layer=2, d_model=64, context=64, batch=16, ft_examples=256, epochs=1) if quick \
-        else dict(vocab=8000, steps=2000, n_layer=4, d_model=256, context=128, batch=32, ft_examples=FT_EXAMPLES, epochs=2)  # fmt: skip
+    size = dict(vocab=1000, steps=20, n_layer=2, d_model=64, context_length=64, batch=16, ft_examples=256, epochs=1) if quick \
+        else dict(vocab=8000, steps=2000, n_layer=4, d_model=256, context_length=128, batch=32, ft_examples=FT_EXAMPLES, epochs=2)  # fmt: skip
     budget = None if quick else time_budget
 
     t = _stage("1/4 training a GPT-1-style BPE vocabulary on the books")
@@ -91,7 +91,7 @@ def run_demo(
         data=str(out / "shards"),
         out=str(out / "pretrain"),
         preset=DEMO_PRESET,
-        context=size["context"],
+        context_length=size["context_length"],
         n_layer=size["n_layer"],
         n_head=4,
         d_model=size["d_model"],
@@ -128,7 +128,7 @@ def run_demo(
             n_layer=size["n_layer"],
             n_head=4,
             d_model=size["d_model"],
-            context=size["context"],
+            context_length=size["context_length"],
             out=str(out / f"sst2-{name}"),
             epochs=size["epochs"],
             max_train_examples=size["ft_examples"],

@@ -21,9 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptkit.config import GPTConfig
-
-IGNORE_INDEX = -100
+from gptkit.config import IGNORE_INDEX, GPTConfig
 
 
 @dataclass
@@ -36,14 +34,14 @@ class GPTOutput:
 class KVCache:
     """Keys and values of the positions already seen, per layer, so decoding reads each token once.
 
-    Preallocated to ``max_length`` positions; ``length`` counts how many are filled.
+    Preallocated to ``capacity`` positions; ``length`` counts how many are filled.
     """
 
-    def __init__(self, config: GPTConfig, batch_size: int, max_length: int, device=None, dtype=None):
-        shape = (config.n_layer, batch_size, config.n_head, max_length, config.head_size)
+    def __init__(self, config: GPTConfig, batch_size: int, capacity: int, device=None, dtype=None):
+        shape = (config.n_layer, batch_size, config.n_head, capacity, config.head_size)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
-        self.max_length = max_length
+        self.capacity = capacity
         self.length = 0
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -159,12 +157,8 @@ class GPT(nn.Module):
             nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.ln_position == "pre" else None
         )
         self.apply(self._init_weights)
-        if config.scale_residual_init:
-            # GPT-2 §2.3: residual-path weights scaled by 1/sqrt(N), N = 2 residual adds per block.
-            std = config.init_std / math.sqrt(2 * config.n_layer)
-            for block in self.h:
-                nn.init.normal_(block.attn.c_proj.weight, 0.0, std)
-                nn.init.normal_(block.mlp.c_proj.weight, 0.0, std)
+        for block in self.h:
+            self._scale_residual_init(block)
 
     def _init_weights(self, module: nn.Module) -> None:
         # N(0, 0.02) for every weight matrix and embedding; zero biases; LayerNorm gain 1, bias 0.
@@ -175,6 +169,25 @@ class GPT(nn.Module):
         elif isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
+
+    def _scale_residual_init(self, block: Block) -> None:
+        if self.config.scale_residual_init:
+            # GPT-2 §2.3: residual-path weights scaled by 1/sqrt(N), N = 2 residual adds per block.
+            std = self.config.init_std / math.sqrt(2 * self.config.n_layer)
+            nn.init.normal_(block.attn.c_proj.weight, 0.0, std)
+            nn.init.normal_(block.mlp.c_proj.weight, 0.0, std)
+
+    @torch.no_grad()
+    def reinitialize_blocks(self, keep: int) -> None:
+        """Keep the embeddings and the first ``keep`` blocks; fresh initial weights for the rest (the
+        paper's layer-transfer analysis, §5 and Figure 2 left)."""
+        if not 0 <= keep <= self.config.n_layer:
+            raise ValueError(f"transfer_layers must be in 0..{self.config.n_layer}, got {keep}")
+        for block in self.h[keep:]:
+            block.apply(self._init_weights)
+            self._scale_residual_init(block)
+        if self.ln_f is not None and keep < self.config.n_layer:
+            self.ln_f.apply(self._init_weights)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -292,7 +305,8 @@ class GPT(nn.Module):
         embedding = nn.Embedding(old.size(0) + n_new, old.size(1), device=old.device, dtype=old.dtype)
         embedding.weight.copy_(torch.cat([old, new_rows]))
         self.wte = embedding
-        self.config.n_special += n_new
+        # A new config, not an edit: the old one may be shared (a caller's, another model's).
+        self.config = dataclasses.replace(self.config, n_special=self.config.n_special + n_new)
 
     # Weights in and out --------------------------------------------------------------------------
 
@@ -303,19 +317,20 @@ class GPT(nn.Module):
         A name such as ``"gpt2"`` that is not a local directory is downloaded from the Hugging Face Hub
         (needs ``huggingface_hub`` and a network).
         """
+        # Deliberate convenience: checkpoint.py (a layer above, it imports this module) does the work.
         from gptkit.checkpoint import load_pretrained
 
         return load_pretrained(source, **kwargs)
 
     def save_pretrained(self, directory: str | Path) -> None:
         """Write ``config.json`` and ``model.safetensors`` in the Hugging Face format."""
-        from gptkit.checkpoint import save_pretrained
+        from gptkit.checkpoint import save_pretrained  # convenience, as in from_pretrained
 
         save_pretrained(self, directory)
 
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
         """Autoregressive decoding with a KV cache; see :func:`gptkit.generate.generate`."""
-        from gptkit.generate import generate
+        from gptkit.generate import generate  # convenience: generate.py is the layer above
 
         return generate(self, input_ids, max_new_tokens, **kwargs)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from gptkit.checkpoint import atomic_write
+from gptkit.io import atomic_write
 
 RAW = "https://raw.githubusercontent.com/{repo}/{commit}/{path}"
 

@@ -7,7 +7,8 @@ of lines and each block's ids are appended to the shard at once.
 
 ``WindowSampler`` reads a shard by memory map. An epoch is a seeded permutation of the shard's
 non-overlapping windows; every optimizer step takes the next ``batch_size`` of them, and rank r of
-W takes its contiguous share, so the global batch is the same for any number of processes.
+W takes its contiguous share, so the global batch is the same for any number of processes (the
+sampler is :class:`gptkit.data.sampler.EpochSampler`, which fine-tuning's examples use too).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from gptkit.checkpoint import read_json_object, write_json
-from gptkit.tokenizer import Tokenizer
+from gptkit.data.sampler import EpochSampler
+from gptkit.io import read_json_object, write_json
+from gptkit.tokenizer import END_OF_TEXT, Tokenizer
 
 META_NAME = "meta.json"
 BLOCK_BYTES = 1 << 16  # text is tokenized a block of lines (about 64 kB) at a time
@@ -104,9 +106,7 @@ def prepare(
         raise ValueError("no corpus files given")
     tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
     dtype = _dtype_for(len(tokenizer))
-    separator = (
-        [tokenizer.special_tokens["<|endoftext|>"]] if "<|endoftext|>" in tokenizer.special_tokens else []
-    )
+    separator = [tokenizer.special_tokens[END_OF_TEXT]] if END_OF_TEXT in tokenizer.special_tokens else []
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(out_dir / "tokenizer")
@@ -244,62 +244,53 @@ class TokenShard:
             return cls(tokens=np.zeros(0, dtype=dtype), meta=meta)
         return cls(tokens=np.memmap(path, dtype=dtype, mode="r", shape=(count,)), meta=meta)
 
-    def n_windows(self, context: int) -> int:
-        return len(self.tokens) // context
+    def n_windows(self, context_length: int) -> int:
+        return len(self.tokens) // context_length
 
-    def window(self, index: int, context: int) -> torch.Tensor:
-        start = index * context
-        return torch.from_numpy(self.tokens[start : start + context].astype(np.int64))
+    def window(self, index: int, context_length: int) -> torch.Tensor:
+        start = index * context_length
+        return torch.from_numpy(self.tokens[start : start + context_length].astype(np.int64))
 
 
 class WindowSampler:
-    """Non-overlapping windows of ``context`` tokens, each used once per epoch, in seeded order."""
+    """Non-overlapping windows of ``context_length`` tokens, each used once per epoch, in seeded order
+    (the order and the split between processes are :class:`gptkit.data.sampler.EpochSampler`'s)."""
 
     def __init__(
-        self, shard: TokenShard, context: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1
+        self,
+        shard: TokenShard,
+        context_length: int,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
     ):
-        self.shard, self.context, self.batch_size = shard, context, batch_size
-        self.seed, self.rank, self.world_size = seed, rank, world_size
-        self.n_windows = shard.n_windows(context)
-        if self.n_windows < batch_size:
-            raise ValueError(
-                f"the training split has {self.n_windows} windows of {context} tokens, fewer than one batch "
-                f"of {batch_size}: use a larger corpus, a shorter context or a smaller batch"
+        self.shard, self.context_length = shard, context_length
+        windows = f"windows of {context_length} tokens in the training split"
+        try:
+            self.sampler = EpochSampler(
+                shard.n_windows(context_length), batch_size, seed, rank, world_size, items=windows
             )
-        if batch_size % world_size:
-            raise ValueError(f"batch size {batch_size} is not divisible by the {world_size} processes")
-        self.epoch, self.position = 0, 0
-        self._order = self._permutation(0)
-
-    def _permutation(self, epoch: int) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
-        return torch.randperm(self.n_windows, generator=generator)
+        except ValueError as e:
+            raise ValueError(f"{e}: use a larger corpus, a shorter context or a smaller batch") from e
 
     def next_batch(self) -> torch.Tensor:
-        """This rank's share of the next global batch: (batch_size / world_size, context) token ids."""
-        if self.position + self.batch_size > self.n_windows:  # drop the remainder, start a new epoch
-            self.epoch += 1
-            self.position = 0
-            self._order = self._permutation(self.epoch)
-        share = self.batch_size // self.world_size
-        start = self.position + self.rank * share
-        indices = self._order[start : start + share].tolist()
-        self.position += self.batch_size
-        return torch.stack([self.shard.window(i, self.context) for i in indices])
+        """This rank's share of the next global batch: (batch_size / world_size, context_length) ids."""
+        indices = self.sampler.next_indices()
+        return torch.stack([self.shard.window(i, self.context_length) for i in indices])
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position}
+        return self.sampler.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
-        self._order = self._permutation(self.epoch)
+        self.sampler.load_state_dict(state)
 
 
-def eval_windows(shard: TokenShard, context: int, max_windows: int | None = None) -> torch.Tensor:
+def eval_windows(shard: TokenShard, context_length: int, max_windows: int | None = None) -> torch.Tensor:
     """The validation windows, in order (evaluation must see the same tokens every time)."""
-    n = shard.n_windows(context)
+    n = shard.n_windows(context_length)
     if max_windows is not None:
         n = min(n, max_windows)
     if n == 0:
-        return torch.zeros(0, context, dtype=torch.long)
-    return torch.stack([shard.window(i, context) for i in range(n)])
+        return torch.zeros(0, context_length, dtype=torch.long)
+    return torch.stack([shard.window(i, context_length) for i in range(n)])

@@ -22,18 +22,17 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from gptkit.config import IGNORE_INDEX
+from gptkit.data.metrics import classification_metrics, regression_metrics
 from gptkit.data.readers import TASKS, DataError, Example, _check_text
-from gptkit.model import IGNORE_INDEX
-from gptkit.tokenizer import Tokenizer
-
-SPECIALS = ("_start_", "_delimiter_", "_classify_")
+from gptkit.tokenizer import GPT1_SPECIAL_TOKENS, Tokenizer
 
 
 def special_token_ids(tokenizer: Tokenizer) -> dict[str, int]:
     """Ids of _start_, _delimiter_, _classify_: the tokenizer's own (GPT-1), else rows after its vocabulary."""
-    if all(s in tokenizer.special_tokens for s in SPECIALS):
-        return {s: tokenizer.special_tokens[s] for s in SPECIALS}
-    return {s: len(tokenizer) + i for i, s in enumerate(SPECIALS)}
+    if all(s in tokenizer.special_tokens for s in GPT1_SPECIAL_TOKENS):
+        return {s: tokenizer.special_tokens[s] for s in GPT1_SPECIAL_TOKENS}
+    return {s: len(tokenizer) + i for i, s in enumerate(GPT1_SPECIAL_TOKENS)}
 
 
 @dataclass
@@ -222,3 +221,12 @@ def collate(batch: Sequence[EncodedExample], regression: bool = False) -> dict[s
         dtype = torch.float32 if regression else torch.long
         out["targets"] = torch.tensor([e.target for e in batch], dtype=dtype)
     return out
+
+
+def task_metrics(spec: TaskSpec, logits: torch.Tensor, targets: Sequence) -> dict[str, float]:
+    """Accuracy, F1 and MCC for classes and choices; Pearson and Spearman for a regression score."""
+    if spec.regression:
+        return regression_metrics(logits.tolist(), [float(t) for t in targets])
+    predictions = logits.argmax(-1).tolist()
+    n_classes = logits.size(-1) if spec.task != "multiple_choice" else 0
+    return classification_metrics(predictions, list(targets), n_classes)

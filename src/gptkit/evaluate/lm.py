@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from gptkit.evaluate.metrics import accuracy, matthews_corrcoef
+from gptkit.data.metrics import accuracy, matthews_corrcoef
 from gptkit.model import GPT
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from gptkit.checkpoint import read_json_object, write_json
+from gptkit.io import read_json_object, write_json
+from gptkit.tokenizer.bpe import write_merges
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 
@@ -62,8 +63,6 @@ class Tokenizer:
 
     def save_pretrained(self, directory: str | Path) -> None:
         """Write ``encoder.json`` (token → id), ``vocab.bpe`` (merges) and ``tokenizer_config.json``."""
-        from gptkit.tokenizer.bpe import write_merges
-
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         write_json(directory / "encoder.json", self.encoder)
@@ -74,12 +73,21 @@ class Tokenizer:
             {"style": self.style, "files": files, "special_tokens": self.special_tokens},
         )
 
+    @classmethod
+    def from_files(
+        cls, encoder_path: str | Path, merges_path: str | Path, special_tokens: Sequence[str] | None = None
+    ) -> Tokenizer:
+        """Build this kind of tokenizer from its encoder and merges files."""
+        raise NotImplementedError
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.style:  # each kind registers itself: this module never imports its subclasses
+            _STYLES[cls.style] = cls
+
     @staticmethod
     def from_pretrained(directory: str | Path) -> Tokenizer:
         """Load GPT-1's vocabulary, GPT-2's, or a tokenizer saved or trained by gptkit."""
-        from gptkit.tokenizer.bytelevel import ByteLevelTokenizer
-        from gptkit.tokenizer.gpt1 import GPT1Tokenizer
-
         directory = Path(directory)
         if not directory.is_dir():
             raise FileNotFoundError(f"{directory}: no such tokenizer directory")
@@ -89,18 +97,27 @@ class Tokenizer:
             style, files = config.get("style"), config.get("files", {})
             try:
                 encoder, merges = directory / files["encoder"], directory / files["merges"]
-            except KeyError as e:
-                raise ValueError(f"{config_path}: field files.{e.args[0]} is missing") from e
-            if style == "gpt1":
-                return GPT1Tokenizer(encoder, merges, special_tokens=list(config.get("special_tokens", {})))
-            if style == "bytelevel":
-                return ByteLevelTokenizer(encoder, merges)
-            raise ValueError(f"{config_path}: style {style!r} is not 'gpt1' or 'bytelevel'")
-        if (directory / "encoder_bpe_40000.json").exists() and (directory / "vocab_40000.bpe").exists():
-            return GPT1Tokenizer(directory / "encoder_bpe_40000.json", directory / "vocab_40000.bpe")
-        if (directory / "encoder.json").exists() and (directory / "vocab.bpe").exists():
-            return ByteLevelTokenizer(directory / "encoder.json", directory / "vocab.bpe")
+            except (KeyError, TypeError) as e:
+                raise ValueError(f"{config_path}: field files.encoder or files.merges is missing") from e
+            if style not in _STYLES:
+                raise ValueError(
+                    f"{config_path}: style {style!r} is not one of {', '.join(map(repr, _STYLES))}"
+                )
+            specials = config.get("special_tokens")
+            return _STYLES[style].from_files(encoder, merges, None if specials is None else list(specials))
+        # The published vocabularies, as released: GPT-1's names, then GPT-2's.
+        for style, encoder, merges in _PUBLISHED_FILES:
+            if (directory / encoder).exists() and (directory / merges).exists():
+                return _STYLES[style].from_files(directory / encoder, directory / merges)
         raise FileNotFoundError(
             f"{directory}: no known vocabulary (expected {TOKENIZER_CONFIG}, GPT-1's encoder_bpe_40000.json + "
             "vocab_40000.bpe, or GPT-2's encoder.json + vocab.bpe)"
         )
+
+
+# Tokenizer kinds by style name, filled as gpt1.py and bytelevel.py are imported (by this package).
+_STYLES: dict[str, type[Tokenizer]] = {}
+_PUBLISHED_FILES = [
+    ("gpt1", "encoder_bpe_40000.json", "vocab_40000.bpe"),
+    ("bytelevel", "encoder.json", "vocab.bpe"),
+]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from gptkit.io import atomic_write
+
 _RESAVE = "re-download or re-save it"
 
 
@@ -41,8 +43,6 @@ def read_merges(path: str | Path) -> list[tuple[str, str]]:
 
 
 def write_merges(path: str | Path, merges: Iterable[tuple[str, str]]) -> None:
-    from gptkit.checkpoint import atomic_write
-
     def write(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as f:
             f.write("#version: 0.2\n")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gptkit.checkpoint import read_json
+from gptkit.io import read_json
 from gptkit.tokenizer.base import Tokenizer
 from gptkit.tokenizer.bpe import read_merges
 
@@ -61,6 +61,13 @@ def _read_encoder(path: str | Path) -> dict[str, int]:
 
 class ByteLevelTokenizer(Tokenizer):
     style = "bytelevel"
+
+    @classmethod
+    def from_files(
+        cls, encoder_path: str | Path, merges_path: str | Path, special_tokens: Sequence[str] | None = None
+    ) -> ByteLevelTokenizer:
+        """GPT-2's files; its one special token, <|endoftext|>, is implied (``special_tokens`` unused)."""
+        return cls(encoder_path, merges_path)
 
     def __init__(self, encoder_path: str | Path, merges_path: str | Path):
         import tiktoken

@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from gptkit.checkpoint import read_json
+from gptkit.io import read_json
 from gptkit.tokenizer.base import Tokenizer
 from gptkit.tokenizer.bpe import BPE, read_merges
 from gptkit.tokenizer.detokenizer import detokenize
@@ -87,6 +87,14 @@ def _require_gpt1_extra():
 
 class GPT1Tokenizer(Tokenizer):
     style = "gpt1"
+
+    @classmethod
+    def from_files(
+        cls, encoder_path: str | Path, merges_path: str | Path, special_tokens: Sequence[str] | None = None
+    ) -> GPT1Tokenizer:
+        return cls(
+            encoder_path, merges_path, GPT1_SPECIAL_TOKENS if special_tokens is None else special_tokens
+        )
 
     def __init__(
         self,

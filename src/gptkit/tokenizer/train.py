@@ -14,7 +14,7 @@ from typing import Literal
 
 from tqdm import tqdm
 
-from gptkit.checkpoint import write_json
+from gptkit.io import write_json
 from gptkit.tokenizer.base import TOKENIZER_CONFIG, Tokenizer
 from gptkit.tokenizer.bpe import write_merges
 from gptkit.tokenizer.bytelevel import END_OF_TEXT, byte_to_char

@@ -1,9 +1,10 @@
 """Supervised fine-tuning (GPT-1 §3.2): L3(C) = L2(C) + λ·L1(C).
 
-A linear head W_y reads the final transformer state h_n at the ``<e>`` token (eq. 3); L2 is the
-task's cross-entropy (or MSE for a regression score), L1 the language-model loss on the same input
-sequences, weighted by λ = ``lm_coef`` (0.5 in the paper; 0 disables it). Batches come from the
-input transformations of ``gptkit.data.tasks`` and run through the one training loop.
+This module reads the data, builds the task model and trains it through the one training loop:
+the model itself (the linear head W_y on h_n, eq. 3, and the loss) is :mod:`gptkit.task_model`,
+the input transformations :mod:`gptkit.data.tasks`, the shared run setup :mod:`gptkit.train.run`.
+The best dev-set model is kept at the top of the run directory, ready for
+``TaskModel.from_pretrained``.
 """
 
 from __future__ import annotations
@@ -18,20 +19,10 @@ from typing import Literal
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
-from gptkit.checkpoint import (
-    CONFIG_NAME,
-    SAFETENSORS_NAME,
-    read_json,
-    read_safetensors,
-    read_state_dict,
-    save_safetensors,
-    save_state_dict,
-    write_json,
-)
-from gptkit.config import GPTConfig
+from gptkit.checkpoint import CONFIG_NAME, SAFETENSORS_NAME
 from gptkit.data.readers import DATASETS, Example, parse_columns, read_dataset, read_table
+from gptkit.data.sampler import EpochSampler
 from gptkit.data.tasks import (
     EncodedExample,
     TaskSpec,
@@ -39,25 +30,97 @@ from gptkit.data.tasks import (
     encode_examples,
     infer_labels,
     special_token_ids,
+    task_metrics,
 )
-from gptkit.evaluate.metrics import classification_metrics, regression_metrics
-from gptkit.hardware import resolve_device
+from gptkit.io import read_json, write_json
 from gptkit.model import GPT
+from gptkit.task_model import HEAD_NAME, TASK_NAME, TaskModel, read_task_state, save_task_model
 from gptkit.tokenizer import Tokenizer
-from gptkit.train.distributed import (
-    DistributedContext,
-    init_distributed,
-    shutdown_distributed,
-    unwrap,
-    wrap_model,
-)
+from gptkit.train.distributed import init_distributed, shutdown_distributed, unwrap, wrap_model
 from gptkit.train.loop import TrainConfig, Trainer
+from gptkit.train.run import (
+    ModelShape,
+    base_vocab_size,
+    build_model,
+    check_run_dir,
+    config_error,
+    resume_latest,
+    run_config,
+)
 
-HEAD_NAME = "task_head.safetensors"
-TASK_NAME = "task.json"
 BEST_NAME = "best.json"  # the dev score of the model at the top of the run directory
+WARMUP_FRACTION = 0.002  # the paper's warm-up: 0.2% of training
 
-WARMUP_FRACTION = 0.002
+
+@dataclass
+class FinetuneConfig(ModelShape):
+    """What to fine-tune, on which task and data, and where to write it. The model is ``init``'s
+    pre-trained weights, or a preset's shape trained from scratch."""
+
+    task: str | None = field(
+        default=None,
+        metadata={
+            "help": "classification, entailment, similarity or multiple_choice (default: the dataset's)."
+        },
+    )
+    dataset: str | None = field(default=None, metadata={"help": f"A public dataset: {', '.join(DATASETS)}."})
+    data_dir: str = field(
+        default="data", metadata={"help": "Where the public datasets live (for --dataset)."}
+    )
+    train: str | None = field(
+        default=None, metadata={"help": "Training file (CSV/TSV with a header, or JSONL)."}
+    )
+    dev: str | None = field(default=None, metadata={"help": "Dev file, evaluated after every epoch."})
+    columns: str | None = field(
+        default=None,
+        metadata={
+            "help": "field=column,... e.g. premise=s1,hypothesis=s2,label=gold; for multiple choice "
+            "context=story,question=q,choices=a|b|c|d,label=answer (default: the field names)."
+        },
+    )
+    regression: bool = field(default=False, metadata={"help": "The label is a real-valued score (MSE loss)."})
+    tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer directory (default: --init)."})
+    out: str = field(default="runs/finetune", metadata={"help": "Run directory."})
+    epochs: int = field(default=3, metadata={"help": "Passes over the training data."})
+    lm_coef: float = field(
+        default=0.5, metadata={"help": "λ, the weight of the auxiliary LM loss (0 disables it)."}
+    )
+    clf_dropout: float = field(default=0.1, metadata={"help": "Dropout before the classifier."})
+    transfer_layers: int | None = field(
+        default=None, metadata={"help": "Keep only the first K pre-trained blocks (default: all)."}
+    )
+    max_length: int | None = field(
+        default=None, metadata={"help": "Longest input sequence (default: the model's context)."}
+    )
+    skip_bad_rows: bool = field(
+        default=False, metadata={"help": "Skip and count bad rows instead of stopping."}
+    )
+    max_train_examples: int | None = field(
+        default=None, metadata={"help": "Use only the first N training examples (default: all)."}
+    )
+    eval_batch_size: int = field(default=64, metadata={"help": "Examples per forward pass at evaluation."})
+    resume: bool = field(
+        default=False, metadata={"help": "Continue the run in --out from its latest checkpoint."}
+    )
+    device: str = field(
+        default="auto", metadata={"help": "auto (CUDA, then MPS, then CPU), cpu, cuda[:N] or mps."}
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("epochs", "eval_batch_size"):
+            if getattr(self, name) <= 0:
+                raise config_error(self, name, f"must be positive, got {getattr(self, name)}")
+        for name in ("max_length", "max_train_examples"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise config_error(self, name, f"must be positive, got {value}")
+        if not 0.0 <= self.clf_dropout < 1.0:
+            raise config_error(self, "clf_dropout", f"must be in [0, 1), got {self.clf_dropout}")
+        if self.lm_coef < 0:
+            raise config_error(self, "lm_coef", f"λ must be >= 0, got {self.lm_coef}")
+        if self.transfer_layers is not None and self.transfer_layers < 0:
+            raise config_error(self, "transfer_layers", f"must be >= 0, got {self.transfer_layers}")
 
 
 @dataclass
@@ -92,178 +155,48 @@ def finetune_train_config(**overrides) -> FinetuneTrainConfig:
     return FinetuneTrainConfig(**overrides)
 
 
-@dataclass
-class TaskOutput:
-    loss: torch.Tensor | None
-    logits: torch.Tensor  # (N, labels), (N, choices) or (N,) for regression
-    clf_loss: torch.Tensor | None = None
-    lm_loss: torch.Tensor | None = None
+class ExampleBatches:
+    """Epochs of shuffled examples (the same sampler as pre-training's windows), collated."""
 
-
-class TaskModel(nn.Module):
-    """A GPT with a linear head on h_n at the extract token, trained on L2 + λ·L1."""
-
-    def __init__(self, gpt: GPT, spec: TaskSpec, clf_dropout: float = 0.1, lm_coef: float = 0.5):
-        super().__init__()
-        self.gpt, self.spec, self.lm_coef = gpt, spec, lm_coef
-        self.clf_dropout = nn.Dropout(clf_dropout)
-        self.head = nn.Linear(gpt.config.d_model, spec.n_outputs)  # W_y
-        nn.init.normal_(self.head.weight, 0.0, gpt.config.init_std)
-        nn.init.zeros_(self.head.bias)
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,  # (N, C, T): C sequences per example
-        clf_positions: torch.Tensor,  # (N, C): where each sequence's <e> is
-        lm_labels: torch.Tensor | None = None,
-        targets: torch.Tensor | None = None,
-    ) -> TaskOutput:
-        N, C, T = input_ids.shape
-        want_lm = self.lm_coef > 0 and lm_labels is not None
-        out = self.gpt(
-            input_ids.view(N * C, T),
-            labels=lm_labels.view(N * C, T) if want_lm else None,
-            compute_logits=False,
-        )
-        hidden = out.hidden_states.view(N, C, T, -1)
-        h_e = hidden[torch.arange(N)[:, None], torch.arange(C)[None, :], clf_positions]  # (N, C, d)
-        task = self.spec.task
-        if task == "multiple_choice":
-            logits = self.head(self.clf_dropout(h_e)).squeeze(-1)  # one score per answer → softmax over C
-        elif task == "similarity":
-            logits = self.head(self.clf_dropout(h_e.sum(dim=1)))  # both orders, added element-wise
-        else:
-            logits = self.head(self.clf_dropout(h_e[:, 0]))
-        if self.spec.regression:
-            logits = logits.squeeze(-1)
-        clf_loss = None
-        if targets is not None:
-            if self.spec.regression:
-                clf_loss = F.mse_loss(logits.float(), targets.float())
-            else:
-                clf_loss = F.cross_entropy(logits.float(), targets)
-        loss = clf_loss
-        if clf_loss is not None and want_lm:
-            loss = clf_loss + self.lm_coef * out.loss  # L3 = L2 + λ·L1
-        return TaskOutput(loss=loss, logits=logits, clf_loss=clf_loss, lm_loss=out.loss if want_lm else None)
-
-
-def reinitialize_blocks(gpt: GPT, keep: int) -> None:
-    """Keep the embeddings and the first ``keep`` blocks; fresh N(0, 0.02) weights for the rest
-    (the paper's layer-transfer analysis, §5 and Figure 2)."""
-    if not 0 <= keep <= gpt.config.n_layer:
-        raise ValueError(f"--transfer-layers must be in 0..{gpt.config.n_layer}, got {keep}")
-    for block in gpt.h[keep:]:
-        block.apply(gpt._init_weights)
-        if gpt.config.scale_residual_init:
-            std = gpt.config.init_std / math.sqrt(2 * gpt.config.n_layer)
-            nn.init.normal_(block.attn.c_proj.weight, 0.0, std)
-            nn.init.normal_(block.mlp.c_proj.weight, 0.0, std)
-    if gpt.ln_f is not None and keep < gpt.config.n_layer:
-        gpt.ln_f.apply(gpt._init_weights)
-
-
-# Saving and loading ------------------------------------------------------------------------------
-
-
-def save_task_model(
-    directory: Path, gpt_config: GPTConfig, state: dict[str, torch.Tensor], extra: dict
-) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
-    gpt_state = {k.removeprefix("gpt."): v for k, v in state.items() if k.startswith("gpt.")}
-    save_state_dict(gpt_config, gpt_state, directory)
-    save_safetensors({"weight": state["head.weight"], "bias": state["head.bias"]}, directory / HEAD_NAME)
-    write_json(directory / TASK_NAME, extra)
-
-
-def read_task_state(directory: Path) -> dict[str, torch.Tensor]:
-    state = {f"gpt.{k}": v for k, v in read_state_dict(directory).items()}
-    state.update({f"head.{k}": v for k, v in read_safetensors(directory / HEAD_NAME).items()})
-    return state
-
-
-def load_task_model(directory: str | Path, device: str | None = "auto") -> tuple[TaskModel, Tokenizer]:
-    """A fine-tuned model (and its tokenizer) saved by ``gptkit finetune``."""
-    directory = Path(directory)
-    if not (directory / TASK_NAME).exists():
-        raise FileNotFoundError(f"{directory}: no {TASK_NAME}; is this a fine-tuned model directory?")
-    info = read_json(directory / TASK_NAME)
-    spec = TaskSpec(**info["spec"])
-    model = TaskModel(
-        GPT.from_pretrained(directory), spec, info.get("clf_dropout", 0.1), info.get("lm_coef", 0.5)
-    )
-    model.load_state_dict(read_task_state(directory))
-    return model.to(resolve_device(device)).eval(), Tokenizer.from_pretrained(directory)
-
-
-# Data --------------------------------------------------------------------------------------------
-
-
-class FinetuneBatches:
-    """Epochs of shuffled examples; every update takes the next ``batch_size``, rank r its share."""
-
-    def __init__(
-        self,
-        examples: list[EncodedExample],
-        batch_size: int,
-        seed: int,
-        ctx: DistributedContext,
-        regression: bool,
-    ):
-        if len(examples) < batch_size:
-            raise ValueError(f"{len(examples)} training examples are fewer than one batch of {batch_size}")
-        self.examples, self.batch_size, self.seed = examples, batch_size, seed
-        self.ctx, self.regression = ctx, regression
-        self.epoch, self.position = 0, 0
-        self._order = self._permutation(0)
-
-    @property
-    def steps_per_epoch(self) -> int:
-        return len(self.examples) // self.batch_size
-
-    def _permutation(self, epoch: int) -> list[int]:
-        generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
-        return torch.randperm(len(self.examples), generator=generator).tolist()
+    def __init__(self, examples: list[EncodedExample], sampler: EpochSampler, regression: bool):
+        self.examples, self.sampler, self.regression = examples, sampler, regression
 
     def next_batch(self) -> dict[str, torch.Tensor]:
-        if self.position + self.batch_size > len(self.examples):
-            self.epoch, self.position = self.epoch + 1, 0
-            self._order = self._permutation(self.epoch)
-        share = self.batch_size // self.ctx.world_size
-        start = self.position + self.ctx.rank * share
-        self.position += self.batch_size
-        return collate([self.examples[i] for i in self._order[start : start + share]], self.regression)
+        return collate([self.examples[i] for i in self.sampler.next_indices()], self.regression)
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "position": self.position}
+        return self.sampler.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
-        self._order = self._permutation(self.epoch)
+        self.sampler.load_state_dict(state)
 
 
-@torch.no_grad()
-def predict_logits(model: nn.Module, examples: list[EncodedExample], batch_size: int, device) -> torch.Tensor:
-    """Task logits for every example, in order."""
-    outputs = []
-    for start in range(0, len(examples), batch_size):
-        batch = collate(examples[start : start + batch_size])
-        batch.pop("targets", None)
-        batch.pop("lm_labels")
-        outputs.append(model(**{k: v.to(device) for k, v in batch.items()}).logits.float().cpu())
-    return torch.cat(outputs) if outputs else torch.zeros(0)
+class BestModel:
+    """Keeps the model with the best dev score at the top of the run directory (and ``best.json``)."""
 
+    def __init__(self, out_dir: Path, metric: str, save_model, is_main: bool, resume: bool):
+        self.out_dir, self.metric, self.save_model, self.is_main = out_dir, metric, save_model, is_main
+        self.best: dict = {"score": -math.inf}
+        if resume and (out_dir / BEST_NAME).exists():  # the best epoch before the interruption
+            self.best.update(read_json(out_dir / BEST_NAME))
 
-def task_metrics(spec: TaskSpec, logits: torch.Tensor, targets: list) -> dict[str, float]:
-    if spec.regression:
-        return regression_metrics(logits.tolist(), [float(t) for t in targets])
-    predictions = logits.argmax(-1).tolist()
-    n_classes = logits.size(-1) if spec.task != "multiple_choice" else 0
-    return classification_metrics(predictions, list(targets), n_classes)
+    def __call__(self, step: int, metrics: dict[str, float], model: nn.Module) -> None:
+        score = metrics.get(f"dev_{self.metric}", metrics.get("dev_accuracy", -math.inf))
+        if score <= self.best["score"]:
+            return
+        self.best.update(score=score, step=step, metrics=metrics)
+        if self.is_main:
+            state = {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
+            staging = self.out_dir / ".best.tmp"
+            self.save_model(staging, state)
+            for name in (CONFIG_NAME, SAFETENSORS_NAME, HEAD_NAME, TASK_NAME):
+                os.replace(staging / name, self.out_dir / name)
+            shutil.rmtree(staging, ignore_errors=True)
+            write_json(self.out_dir / BEST_NAME, self.best)
 
 
 def load_examples(config: FinetuneConfig, split: str) -> list[Example]:
-    """The train or dev split: a named public dataset or the user's file."""
+    """The train or dev split: the user's file or a named public dataset."""
     path = config.train if split == "train" else config.dev
     if path:
         return read_table(path, config.task, parse_columns(config.columns))
@@ -272,275 +205,133 @@ def load_examples(config: FinetuneConfig, split: str) -> list[Example]:
     raise ValueError(f"no {split} data: give --{split} FILE or --dataset NAME")
 
 
-# The command -------------------------------------------------------------------------------------
-
-
-@dataclass
-class FinetuneConfig:
-    """What to fine-tune, on which task and data, and where to write it."""
-
-    task: str | None = field(
-        default=None, metadata={"help": "classification, entailment, similarity or multiple_choice."}
-    )
-    dataset: str | None = field(default=None, metadata={"help": f"A public dataset: {', '.join(DATASETS)}."})
-    data_dir: str = field(
-        default="data", metadata={"help": "Where the public datasets live (for --dataset)."}
-    )
-    train: str | None = field(
-        default=None, metadata={"help": "Training file (CSV/TSV with a header, or JSONL)."}
-    )
-    dev: str | None = field(default=None, metadata={"help": "Dev file, evaluated after every epoch."})
-    columns: str | None = field(
-        default=None,
-        metadata={"help": "field=column,... e.g. premise=s1,hypothesis=s2,label=gold; choices=a|b|c."},
-    )
-    regression: bool = field(default=False, metadata={"help": "The label is a real-valued score (MSE loss)."})
-    init: str | None = field(
-        default=None, metadata={"help": "Pre-trained model directory (omit to train from scratch)."}
-    )
-    tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer directory (default: --init)."})
-    preset: str = field(default="gpt1", metadata={"help": "Model shape when training from scratch."})
-    n_layer: int | None = field(default=None, metadata={"help": "From scratch: layers."})
-    n_head: int | None = field(default=None, metadata={"help": "From scratch: heads."})
-    d_model: int | None = field(default=None, metadata={"help": "From scratch: width."})
-    context: int | None = field(default=None, metadata={"help": "From scratch: context length."})
-    out: str = field(default="runs/finetune", metadata={"help": "Run directory."})
-    epochs: int = field(default=3, metadata={"help": "Passes over the training data."})
-    lm_coef: float = field(
-        default=0.5, metadata={"help": "λ, the weight of the auxiliary LM loss (0 disables it)."}
-    )
-    clf_dropout: float = field(default=0.1, metadata={"help": "Dropout before the classifier."})
-    transfer_layers: int | None = field(
-        default=None, metadata={"help": "Keep only the first K pre-trained blocks."}
-    )
-    max_length: int | None = field(
-        default=None, metadata={"help": "Longest input sequence (default: the model's context)."}
-    )
-    skip_bad_rows: bool = field(
-        default=False, metadata={"help": "Skip and count bad rows instead of stopping."}
-    )
-    max_train_examples: int | None = field(
-        default=None, metadata={"help": "Use only the first N training examples."}
-    )
-    eval_batch_size: int = field(default=64, metadata={"help": "Examples per forward pass at evaluation."})
-    resume: bool = field(
-        default=False, metadata={"help": "Continue the run in --out from its latest checkpoint."}
-    )
-    device: str = field(
-        default="auto", metadata={"help": "auto (CUDA, then MPS, then CPU), cpu, cuda or mps."}
-    )
-
-    def __post_init__(self) -> None:
-        for name in ("epochs", "eval_batch_size"):
-            if getattr(self, name) <= 0:
-                raise ValueError(
-                    f"FinetuneConfig.{name} (--{name.replace('_', '-')}): must be positive, got {getattr(self, name)}"
-                )
-        for name in ("max_length", "max_train_examples", "n_layer", "n_head", "d_model", "context"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(
-                    f"FinetuneConfig.{name} (--{name.replace('_', '-')}): must be positive, got {value}"
-                )
-        if not 0.0 <= self.clf_dropout < 1.0:
-            raise ValueError(
-                f"FinetuneConfig.clf_dropout (--clf-dropout): must be in [0, 1), got {self.clf_dropout}"
-            )
-        if self.lm_coef < 0:
-            raise ValueError(f"FinetuneConfig.lm_coef (--lm-coef): λ must be >= 0, got {self.lm_coef}")
-        if self.transfer_layers is not None and self.transfer_layers < 0:
-            raise ValueError(
-                f"FinetuneConfig.transfer_layers (--transfer-layers): must be >= 0, got {self.transfer_layers}"
-            )
-
-
-def _build_gpt(config: FinetuneConfig, tokenizer: Tokenizer) -> GPT:
-    if config.init:
-        gpt = GPT.from_pretrained(config.init)
-        if config.transfer_layers is not None:
-            reinitialize_blocks(gpt, config.transfer_layers)
-        return gpt.train()
-    overrides = {
-        k: getattr(config, k) for k in ("n_layer", "n_head", "d_model") if getattr(config, k) is not None
-    }
-    if config.context:
-        overrides["context_length"] = config.context
-    vocab = len(tokenizer) - (tokenizer.n_special if tokenizer.style == "gpt1" else 0)
-    return GPT(GPTConfig.from_preset(config.preset, vocab_size=vocab, **overrides))
+def build_gpt(config: FinetuneConfig, tokenizer: Tokenizer, specials: dict[str, int]) -> GPT:
+    """The transformer: pre-trained (``init``, keeping ``transfer_layers`` blocks) or new, with rows
+    for the special tokens of the input transformations."""
+    gpt = build_model(config, base_vocab_size(tokenizer))
+    if config.init and config.transfer_layers is not None:
+        gpt.reinitialize_blocks(keep=config.transfer_layers)
+    # New rows N(0, 0.02) for _start_, _delimiter_, _classify_ when the model lacks them.
+    gpt.add_special_tokens(max(specials.values()) + 1 - gpt.config.total_vocab_size)
+    return gpt.train()
 
 
 def finetune(config: FinetuneConfig, train: TrainConfig) -> dict:
-    """Fine-tune on a task; keeps the best dev checkpoint in ``config.out``; returns its results."""
-    ctx = init_distributed(config.device)
-    try:
-        return _finetune(config, train, ctx)
-    finally:
-        shutdown_distributed()
+    """Fine-tune on a task; keeps the best dev model in ``config.out``; returns its results.
 
-
-def _finetune(config: FinetuneConfig, train: TrainConfig, ctx: DistributedContext) -> dict:
+    Neither config is changed: the task and step counts derived here live in copies.
+    """
     if config.dataset and config.dataset in DATASETS:
-        spec_info = DATASETS[config.dataset]
-        config = dataclasses.replace(  # a copy: the caller's config stays as given
-            config, task=config.task or spec_info.task, regression=config.regression or spec_info.regression
+        known = DATASETS[config.dataset]
+        config = dataclasses.replace(
+            config, task=config.task or known.task, regression=config.regression or known.regression
         )
-        metric = spec_info.metric
+        metric = known.metric
     else:
         metric = "pearson" if config.regression else "accuracy"
     if not config.task:
-        raise ValueError("--task is required (or --dataset NAME)")
+        raise config_error(config, "task", "is required (or --dataset NAME)")
     tokenizer_dir = config.tokenizer or config.init
     if not tokenizer_dir:
-        raise ValueError("--tokenizer is required when training from scratch (no --init)")
+        raise config_error(config, "tokenizer", "is required when training from scratch (no --init)")
     out_dir = Path(config.out)
-    if not config.resume and (out_dir / "checkpoints").exists():
-        raise FileExistsError(
-            f"{out_dir} already holds a run: pass --resume to continue it, or choose another --out"
+    check_run_dir(out_dir, config.resume)
+
+    ctx = init_distributed(config.device)
+    try:
+        tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
+        specials = special_token_ids(tokenizer)
+        torch.manual_seed(train.seed)
+        gpt = build_gpt(config, tokenizer, specials)
+
+        train_examples = load_examples(config, "train")[: config.max_train_examples]
+        dev_examples = load_examples(config, "dev")
+        multiple_choice = config.task == "multiple_choice" and train_examples
+        spec = TaskSpec(
+            task=config.task,
+            labels=infer_labels(train_examples, config.task, config.regression),
+            regression=config.regression,
+            n_choices=len(train_examples[0].fields["choices"]) if multiple_choice else None,
+            max_length=min(config.max_length or gpt.config.context_length, gpt.config.context_length),
+            metric=metric,
+            specials=specials,
         )
-    tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
-    torch.manual_seed(train.seed)
-    gpt = _build_gpt(config, tokenizer)
-    specials = special_token_ids(tokenizer)
-    missing_rows = max(specials.values()) + 1 - gpt.config.total_vocab_size
-    gpt.add_special_tokens(missing_rows)  # new rows N(0, 0.02) for _start_, _delimiter_, _classify_
-
-    train_examples = load_examples(config, "train")
-    if config.max_train_examples:
-        train_examples = train_examples[: config.max_train_examples]
-    dev_examples = load_examples(config, "dev")
-    n_choices = (
-        len(train_examples[0].fields["choices"])
-        if config.task == "multiple_choice" and train_examples
-        else None
-    )
-    spec = TaskSpec(
-        task=config.task,
-        labels=infer_labels(train_examples, config.task, config.regression),
-        regression=config.regression,
-        n_choices=n_choices,
-        max_length=min(config.max_length or gpt.config.context_length, gpt.config.context_length),
-        metric=metric,
-        specials=specials,
-    )
-    encoded_train, skipped_train = encode_examples(
-        train_examples, spec, tokenizer.encode, skip_bad_rows=config.skip_bad_rows
-    )
-    encoded_dev, skipped_dev = encode_examples(
-        dev_examples, spec, tokenizer.encode, skip_bad_rows=config.skip_bad_rows
-    )
-    if ctx.is_main and (skipped_train or skipped_dev):
-        print(f"skipped bad rows: {skipped_train} in train, {skipped_dev} in dev")
-
-    model = TaskModel(gpt, spec, config.clf_dropout, config.lm_coef).to(ctx.device)
-    torch.manual_seed(train.seed + ctx.rank)
-    data = FinetuneBatches(encoded_train, train.batch_size, train.seed, ctx, spec.regression)
-    # Step counts left unset follow the epochs; a copy, so the caller's config is never changed.
-    max_steps = train.max_steps or config.epochs * data.steps_per_epoch
-    train = dataclasses.replace(
-        train,
-        max_steps=max_steps,
-        warmup_steps=train.warmup_for(max_steps),
-        eval_every=data.steps_per_epoch if train.eval_every is None else train.eval_every,
-        checkpoint_every=train.checkpoint_every or data.steps_per_epoch,
-    )
-    wrapped = wrap_model(model, ctx, fsdp=train.fsdp)
-    task_info = {"spec": spec.to_dict(), "clf_dropout": config.clf_dropout, "lm_coef": config.lm_coef}
-    best = {"score": -math.inf}
-    if config.resume and (out_dir / BEST_NAME).exists():  # the best epoch before the interruption
-        best.update(read_json(out_dir / BEST_NAME))
-
-    def save_model(directory: Path, state: dict[str, torch.Tensor]) -> None:
-        save_task_model(directory, gpt.config, state, task_info)
-
-    def evaluate(module: nn.Module) -> dict[str, float]:
-        logits = predict_logits(module, encoded_dev, config.eval_batch_size, ctx.device)
-        metrics = task_metrics(spec, logits, [e.target for e in encoded_dev])
-        metrics = {f"dev_{k}": v for k, v in metrics.items()}
-        score = metrics.get(f"dev_{metric}", metrics.get("dev_accuracy", -math.inf))
-        if score > best["score"]:
-            best.update(score=score, step=trainer.step, metrics=metrics)
-            if ctx.is_main:  # keep the best model at the top of the run directory
-                state = {k: v.detach().cpu() for k, v in unwrap(module).state_dict().items()}
-                save_model(out_dir / ".best.tmp", state)
-                for name in (CONFIG_NAME, SAFETENSORS_NAME, HEAD_NAME, TASK_NAME):
-                    os.replace(out_dir / ".best.tmp" / name, out_dir / name)
-                shutil.rmtree(out_dir / ".best.tmp", ignore_errors=True)
-                write_json(out_dir / BEST_NAME, best)
-        return metrics
-
-    run_config = {
-        "stage": "finetune",
-        "finetune": dataclasses.asdict(config),
-        "train": dataclasses.asdict(train),
-        "model": gpt.config.to_dict(),
-        "task": spec.to_dict(),
-        "examples": {"train": len(encoded_train), "dev": len(encoded_dev)},
-        "skipped_rows": {"train": skipped_train, "dev": skipped_dev},
-    }
-    trainer = Trainer(
-        wrapped, train, data, out_dir, save_model, ctx=ctx, evaluate=evaluate, run_config=run_config
-    )
-    if ctx.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        tokenizer.save_pretrained(out_dir)
-    if config.resume:
-        checkpoint = trainer.latest_checkpoint()
-        if checkpoint is None:
-            raise FileNotFoundError(f"--resume: no checkpoint in {out_dir / 'checkpoints'}")
-        trainer.resume(checkpoint, read_task_state)
-    trainer.fit()
-    results = {
-        "task": spec.task,
-        "metric": metric,
-        "best_step": best.get("step"),
-        "best": best.get("metrics", {}),
-        "steps": trainer.step,
-        "examples": run_config["examples"],
-        "lm_coef": config.lm_coef,
-        "init": config.init,
-    }
-    if ctx.is_main:
-        write_json(out_dir / "results.json", results)
-    return results
-
-
-# Evaluation and prediction with a saved model ---------------------------------------------------
-
-
-def _examples_for(model: TaskModel, tokenizer: Tokenizer, examples: list[Example], require_labels: bool):
-    encoded, _ = encode_examples(examples, model.spec, tokenizer.encode, require_labels=require_labels)
-    return encoded
-
-
-def evaluate_model(
-    model_dir: str | Path, examples: list[Example], batch_size: int = 64, device: str = "auto"
-) -> dict[str, float]:
-    model, tokenizer = load_task_model(model_dir, device)
-    encoded = _examples_for(model, tokenizer, examples, require_labels=True)
-    logits = predict_logits(model, encoded, batch_size, next(model.parameters()).device)
-    return {"examples": len(encoded), **task_metrics(model.spec, logits, [e.target for e in encoded])}
-
-
-def predict(
-    model_dir: str | Path, examples: list[Example], batch_size: int = 64, device: str = "auto"
-) -> list[dict]:
-    """One record per example, in order: ``label`` (the original label string, the choice index, or
-    the score) and ``probabilities``."""
-    model, tokenizer = load_task_model(model_dir, device)
-    encoded = _examples_for(model, tokenizer, examples, require_labels=False)
-    logits = predict_logits(model, encoded, batch_size, next(model.parameters()).device)
-    spec, records = model.spec, []
-    for row in logits:
-        if spec.regression:
-            records.append({"label": float(row)})
-            continue
-        probs = row.softmax(-1).tolist()
-        names = spec.labels if spec.task != "multiple_choice" else [str(i) for i in range(len(probs))]
-        best = int(row.argmax())
-        records.append(
-            {
-                "label": names[best] if spec.task != "multiple_choice" else best,
-                "probabilities": dict(zip(names, probs)),
-            }
+        encode = tokenizer.encode
+        encoded_train, skipped_train = encode_examples(
+            train_examples, spec, encode, skip_bad_rows=config.skip_bad_rows
         )
-    return records
+        encoded_dev, skipped_dev = encode_examples(
+            dev_examples, spec, encode, skip_bad_rows=config.skip_bad_rows
+        )
+        if ctx.is_main and (skipped_train or skipped_dev):
+            print(f"skipped bad rows: {skipped_train} in train, {skipped_dev} in dev")
+
+        model = TaskModel(gpt, spec, config.clf_dropout, config.lm_coef, tokenizer).to(ctx.device)
+        torch.manual_seed(train.seed + ctx.rank)
+        sampler = EpochSampler(
+            len(encoded_train),
+            train.batch_size,
+            train.seed,
+            ctx.rank,
+            ctx.world_size,
+            items="training examples",
+        )
+        # Step counts left unset follow the epochs.
+        max_steps = train.max_steps or config.epochs * sampler.steps_per_epoch
+        train = dataclasses.replace(
+            train,
+            max_steps=max_steps,
+            warmup_steps=train.warmup_for(max_steps),
+            eval_every=sampler.steps_per_epoch if train.eval_every is None else train.eval_every,
+            checkpoint_every=train.checkpoint_every or sampler.steps_per_epoch,
+        )
+
+        def save_model(directory: Path, state: dict[str, torch.Tensor]) -> None:
+            save_task_model(directory, gpt.config, state, model.task_info())
+
+        def evaluate(module: nn.Module) -> dict[str, float]:
+            logits = unwrap(module).logits(encoded_dev, config.eval_batch_size)
+            metrics = task_metrics(spec, logits, [e.target for e in encoded_dev])
+            return {f"dev_{k}": v for k, v in metrics.items()}
+
+        best = BestModel(out_dir, metric, save_model, ctx.is_main, config.resume)
+        examples = {"train": len(encoded_train), "dev": len(encoded_dev)}
+        trainer = Trainer(
+            wrap_model(model, ctx, fsdp=train.fsdp),
+            train,
+            ExampleBatches(encoded_train, sampler, spec.regression),
+            out_dir,
+            save_model,
+            ctx=ctx,
+            evaluate=evaluate,
+            after_evaluate=best,
+            run_config=run_config(
+                "finetune",
+                config,
+                train,
+                gpt.config,
+                task=spec.to_dict(),
+                examples=examples,
+                skipped_rows={"train": skipped_train, "dev": skipped_dev},
+            ),
+        )
+        if ctx.is_main:
+            tokenizer.save_pretrained(out_dir)
+        if config.resume:
+            resume_latest(trainer, read_task_state)
+        trainer.fit()
+        results = {
+            "task": spec.task,
+            "metric": metric,
+            "best_step": best.best.get("step"),
+            "best": best.best.get("metrics", {}),
+            "steps": trainer.step,
+            "examples": examples,
+            "lm_coef": config.lm_coef,
+            "init": config.init,
+        }
+        if ctx.is_main:
+            write_json(out_dir / "results.json", results)
+        return results
+    finally:
+        shutdown_distributed()

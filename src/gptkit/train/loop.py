@@ -29,8 +29,8 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-from gptkit.checkpoint import read_json, read_train_state, write_json
 from gptkit.hardware import resolve_precision
+from gptkit.io import atomic_write, read_json, read_train_state, write_json
 from gptkit.train.distributed import (
     DistributedContext,
     full_state_dicts,
@@ -237,6 +237,8 @@ class Trainer:
         save_model: writes the model's files into a directory, given the full state dict.
         evaluate: optional; returns metrics (e.g. ``{"val_loss": ...}``) for the current model.
         run_config: everything that defines the run, written to ``run_config.json``.
+        after_evaluate: optional; called with the step, the metrics and the model after each
+            evaluation (fine-tuning keeps its best model so).
     """
 
     def __init__(
@@ -249,11 +251,12 @@ class Trainer:
         ctx: DistributedContext | None = None,
         evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
         run_config: dict[str, Any] | None = None,
+        after_evaluate: Callable[[int, dict[str, float], nn.Module], None] | None = None,
     ):
         self.ctx = ctx or DistributedContext()
         self.model, self.config, self.data = model, config, data
         self.out_dir = Path(out_dir)
-        self.save_model, self.evaluate = save_model, evaluate
+        self.save_model, self.evaluate, self.after_evaluate = save_model, evaluate, after_evaluate
         self.run_config = run_config or {}
         self.step = 0
         self.tokens_seen = 0
@@ -537,6 +540,8 @@ class Trainer:
         self.model.eval()
         with torch.no_grad(), autocast(self.precision.value, self.ctx.device):
             metrics = self.evaluate(self.model)
+        if self.after_evaluate is not None:
+            self.after_evaluate(self.step, metrics, self.model)
         self.model.train(was_training)
         self.last_metrics = metrics
         return metrics
@@ -584,8 +589,6 @@ def _truncate_metrics(path: Path, step: int) -> None:
     """On resume, forget records past the checkpoint: they will be written again."""
     records = [r for r in read_metrics(path) if r["step"] <= step]
     text = "".join(json.dumps(r) + "\n" for r in records)
-    from gptkit.checkpoint import atomic_write
-
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
 
@@ -614,7 +617,5 @@ def plot_metrics(metrics_path: Path, png_path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    from gptkit.checkpoint import atomic_write
-
     atomic_write(png_path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)

@@ -1,0 +1,31 @@
+"""A fine-tuned model on labelled data: the task's metrics, and predictions for new rows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from gptkit.data.readers import Example
+from gptkit.data.tasks import task_metrics
+from gptkit.task_model import TaskModel
+
+
+def _load(model: TaskModel | str | Path, device: str) -> TaskModel:
+    return model if isinstance(model, TaskModel) else TaskModel.from_pretrained(model, device)
+
+
+def evaluate_model(
+    model: TaskModel | str | Path, examples: Sequence[Example], batch_size: int = 64, device: str = "auto"
+) -> dict[str, float]:
+    """The task's metrics of a fine-tuned model (or its directory) on labelled examples."""
+    model = _load(model, device)
+    encoded = model.encode(examples, require_labels=True)
+    logits = model.logits(encoded, batch_size)
+    return {"examples": len(encoded), **task_metrics(model.spec, logits, [e.target for e in encoded])}
+
+
+def predict(
+    model: TaskModel | str | Path, examples: Sequence[Example], batch_size: int = 64, device: str = "auto"
+) -> list[dict]:
+    """One record per example, in order (see :meth:`TaskModel.predict`)."""
+    return _load(model, device).predict(examples, batch_size)

@@ -1,0 +1,213 @@
+"""A fine-tuned model: a GPT with a linear head W_y on h_n at the extract token (GPT-1 §3.2).
+
+    P(y | x^1..x^m) = softmax(h_l^m · W_y)                        (eq. 3)
+    L3(C) = L2(C) + λ·L1(C)                                        (eq. 5)
+
+``TaskModel`` is what `gptkit finetune` writes and what a user loads to predict: a model directory
+(``config.json`` + ``model.safetensors`` of the GPT, which transformers reads too), the head
+(``task_head.safetensors``), the task (``task.json``: the input layout, labels, maximum length,
+special-token ids) and the tokenizer, so that ``TaskModel.from_pretrained(dir).predict(rows)`` goes
+from raw text to labels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from gptkit.checkpoint import read_state_dict, save_state_dict
+from gptkit.data.readers import Example
+from gptkit.data.tasks import EncodedExample, TaskSpec, collate, encode_examples
+from gptkit.hardware import resolve_device
+from gptkit.io import read_json_object, read_safetensors, save_safetensors, write_json
+from gptkit.model import GPT
+from gptkit.tokenizer import Tokenizer
+
+HEAD_NAME = "task_head.safetensors"
+TASK_NAME = "task.json"
+
+
+@dataclass
+class TaskOutput:
+    loss: torch.Tensor | None
+    logits: torch.Tensor  # (N, labels), (N, choices) or (N,) for regression
+    clf_loss: torch.Tensor | None = None
+    lm_loss: torch.Tensor | None = None
+
+
+class TaskModel(nn.Module):
+    """A GPT with a linear head on h_n at the extract token, trained on L2 + λ·L1.
+
+    Args:
+        gpt: the transformer (pre-trained or not), with rows for the task's special tokens.
+        spec: the task (see :class:`gptkit.data.tasks.TaskSpec`).
+        clf_dropout: dropout on h_n before the head (0.1 in the paper).
+        lm_coef: λ, the weight of the auxiliary language-model loss (0.5 in the paper; 0 disables it).
+        tokenizer: needed by :meth:`predict` on raw text.
+    """
+
+    def __init__(
+        self,
+        gpt: GPT,
+        spec: TaskSpec,
+        clf_dropout: float = 0.1,
+        lm_coef: float = 0.5,
+        tokenizer: Tokenizer | None = None,
+    ):
+        super().__init__()
+        self.gpt, self.spec, self.lm_coef, self.tokenizer = gpt, spec, lm_coef, tokenizer
+        self.clf_dropout = nn.Dropout(clf_dropout)
+        self.head = nn.Linear(gpt.config.d_model, spec.n_outputs)  # W_y
+        nn.init.normal_(self.head.weight, 0.0, gpt.config.init_std)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # (N, C, T): C sequences per example
+        clf_positions: torch.Tensor,  # (N, C): where each sequence's <e> is
+        lm_labels: torch.Tensor | None = None,
+        targets: torch.Tensor | None = None,
+    ) -> TaskOutput:
+        N, C, T = input_ids.shape
+        want_lm = self.lm_coef > 0 and lm_labels is not None
+        out = self.gpt(
+            input_ids.view(N * C, T),
+            labels=lm_labels.view(N * C, T) if want_lm else None,
+            compute_logits=False,
+        )
+        hidden = out.hidden_states.view(N, C, T, -1)
+        h_e = hidden[torch.arange(N)[:, None], torch.arange(C)[None, :], clf_positions]  # (N, C, d)
+        task = self.spec.task
+        if task == "multiple_choice":
+            logits = self.head(self.clf_dropout(h_e)).squeeze(-1)  # one score per answer → softmax over C
+        elif task == "similarity":
+            logits = self.head(self.clf_dropout(h_e.sum(dim=1)))  # both orders, added element-wise
+        else:
+            logits = self.head(self.clf_dropout(h_e[:, 0]))
+        if self.spec.regression:
+            logits = logits.squeeze(-1)
+        clf_loss = None
+        if targets is not None:
+            if self.spec.regression:
+                clf_loss = F.mse_loss(logits.float(), targets.float())
+            else:
+                clf_loss = F.cross_entropy(logits.float(), targets)
+        loss = clf_loss
+        if clf_loss is not None and want_lm:
+            loss = clf_loss + self.lm_coef * out.loss  # L3 = L2 + λ·L1
+        return TaskOutput(loss=loss, logits=logits, clf_loss=clf_loss, lm_loss=out.loss if want_lm else None)
+
+    # Inference ------------------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self.head.weight.device
+
+    def encode(self, rows: Sequence[Example | Mapping], require_labels: bool = False) -> list[EncodedExample]:
+        """Lay out rows with the task's input transformation. A row is an ``Example`` or a mapping of
+        the task's fields (``{"premise": ..., "hypothesis": ...}``, ``{"context": ..., "choices": [...]}``)
+        with an optional ``label``."""
+        if self.tokenizer is None:
+            raise ValueError("this TaskModel has no tokenizer: pass one to TaskModel(...) to encode text")
+        examples = [row if isinstance(row, Example) else _example(row, i) for i, row in enumerate(rows)]
+        encoded, _ = encode_examples(
+            examples, self.spec, self.tokenizer.encode, require_labels=require_labels
+        )
+        return encoded
+
+    @torch.no_grad()
+    def logits(self, examples: Sequence[EncodedExample], batch_size: int = 64) -> torch.Tensor:
+        """Task logits for every encoded example, in order, in batches."""
+        was_training = self.training
+        self.eval()
+        outputs = []
+        try:
+            for start in range(0, len(examples), batch_size):
+                batch = collate(examples[start : start + batch_size])
+                batch.pop("targets", None)
+                batch.pop("lm_labels")
+                batch = {k: v.to(self.device) for k, v in batch.items()}
+                outputs.append(self(**batch).logits.float().cpu())
+        finally:
+            self.train(was_training)
+        return torch.cat(outputs) if outputs else torch.zeros(0)
+
+    def predict(self, rows: Sequence[Example | Mapping], batch_size: int = 64) -> list[dict]:
+        """One record per row, in order: ``label`` (the label name, the choice index, or the score)
+        and, for classes and choices, ``probabilities``."""
+        spec = self.spec
+        records = []
+        for row in self.logits(self.encode(rows), batch_size):
+            if spec.regression:
+                records.append({"label": float(row)})
+                continue
+            probs = row.softmax(-1).tolist()
+            if spec.task == "multiple_choice":
+                names = [str(i) for i in range(len(probs))]
+                label: str | int = int(row.argmax())
+            else:
+                names = list(spec.labels or [])
+                label = names[int(row.argmax())]
+            records.append({"label": label, "probabilities": dict(zip(names, probs))})
+        return records
+
+    # Files ------------------------------------------------------------------------------------------
+
+    def task_info(self) -> dict:
+        return {"spec": self.spec.to_dict(), "clf_dropout": self.clf_dropout.p, "lm_coef": self.lm_coef}
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write the GPT (HF format), the head, ``task.json`` and the tokenizer into ``directory``."""
+        state = {k: v.detach().cpu() for k, v in self.state_dict().items()}
+        save_task_model(Path(directory), self.gpt.config, state, self.task_info())
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(directory)
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, device: str | None = "auto") -> TaskModel:
+        """A fine-tuned model directory written by `gptkit finetune` or :meth:`save_pretrained`."""
+        directory = Path(directory)
+        if not (directory / TASK_NAME).exists():
+            raise FileNotFoundError(f"{directory}: no {TASK_NAME}; is this a fine-tuned model directory?")
+        info = read_json_object(directory / TASK_NAME)
+        try:
+            spec = TaskSpec(**info["spec"])
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{directory / TASK_NAME}: bad or missing 'spec' ({e})") from e
+        gpt = GPT.from_pretrained(directory)
+        model = cls(
+            gpt,
+            spec,
+            info.get("clf_dropout", 0.1),
+            info.get("lm_coef", 0.5),
+            Tokenizer.from_pretrained(directory),
+        )
+        model.load_state_dict(read_task_state(directory))
+        return model.to(resolve_device(device)).eval()
+
+
+def _example(row: Mapping, index: int) -> Example:
+    fields = {k: v for k, v in row.items() if k != "label"}
+    return Example(fields=fields, label=row.get("label"), source=f"row {index}")
+
+
+def save_task_model(directory: Path, gpt_config, state: dict[str, torch.Tensor], task_info: dict) -> None:
+    """Write a TaskModel's state dict: the GPT's part as a model directory, the head beside it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    gpt_state = {k.removeprefix("gpt."): v for k, v in state.items() if k.startswith("gpt.")}
+    save_state_dict(gpt_config, gpt_state, directory)
+    save_safetensors({"weight": state["head.weight"], "bias": state["head.bias"]}, directory / HEAD_NAME)
+    write_json(directory / TASK_NAME, task_info)
+
+
+def read_task_state(directory: str | Path) -> dict[str, torch.Tensor]:
+    """A TaskModel's state dict from a directory written by :func:`save_task_model`."""
+    directory = Path(directory)
+    state = {f"gpt.{k}": v for k, v in read_state_dict(directory).items()}
+    state.update({f"head.{k}": v for k, v in read_safetensors(directory / HEAD_NAME).items()})
+    return state

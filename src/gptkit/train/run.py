@@ -1,0 +1,137 @@
+"""One run setup for both stages: the model's shape, the run directory, resume, run_config.json.
+
+Pre-training and fine-tuning build a model the same way (a preset with overrides, or loaded weights
+with a new dropout rate), refuse to overwrite a run unless asked to resume, continue from the latest
+checkpoint, and record what defines the run. Those steps live here once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gptkit.config import GPTConfig
+from gptkit.model import GPT
+from gptkit.tokenizer import Tokenizer
+from gptkit.train.loop import CHECKPOINTS, Trainer
+
+
+def config_error(config: object, name: str, problem: str) -> ValueError:
+    """An error that names the field, its flag, and what to change."""
+    return ValueError(f"{type(config).__name__}.{name} (--{name.replace('_', '-')}): {problem}")
+
+
+@dataclass
+class ModelShape:
+    """The model: a preset's shape with overrides, or loaded weights (``init``)."""
+
+    preset: str = field(default="gpt1", metadata={"help": "Model shape: gpt1, gpt2, ..., tiny."})
+    init: str | None = field(
+        default=None, metadata={"help": "Start from these weights (a model directory) instead of random."}
+    )
+    context_length: int | None = field(
+        default=None,
+        metadata={"help": "Longest sequence, in tokens (default: the preset's, or the loaded model's)."},
+    )
+    n_layer: int | None = field(default=None, metadata={"help": "Override the preset's layers."})
+    n_head: int | None = field(default=None, metadata={"help": "Override the preset's heads."})
+    d_model: int | None = field(default=None, metadata={"help": "Override the preset's width."})
+    dropout: float | None = field(
+        default=None, metadata={"help": "Override the dropout rate (also of loaded weights)."}
+    )
+    position_encoding: str | None = field(default=None, metadata={"help": "learned or sinusoidal."})
+    activation: str | None = field(default=None, metadata={"help": "gelu_tanh, gelu or relu."})
+
+    def __post_init__(self) -> None:
+        for name in ("context_length", "n_layer", "n_head", "d_model"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise config_error(self, name, f"must be positive, got {value}")
+        if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
+            raise config_error(self, "dropout", f"must be in [0, 1), got {self.dropout}")
+        if self.position_encoding not in (None, "learned", "sinusoidal"):
+            raise config_error(
+                self, "position_encoding", f"learned or sinusoidal, got {self.position_encoding!r}"
+            )
+        if self.activation not in (None, "gelu_tanh", "gelu", "relu"):
+            raise config_error(self, "activation", f"gelu_tanh, gelu or relu, got {self.activation!r}")
+
+    _OVERRIDES = (
+        "context_length",
+        "n_layer",
+        "n_head",
+        "d_model",
+        "dropout",
+        "position_encoding",
+        "activation",
+    )
+
+    def overrides(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._OVERRIDES if getattr(self, name) is not None}
+
+
+def build_model(shape: ModelShape, vocab_size: int) -> GPT:
+    """A new GPT of ``shape`` with ``vocab_size`` rows, or the weights of ``shape.init``.
+
+    Loaded weights keep their shape: an override that disagrees with it is an error (a context
+    shorter than the model's is allowed: training then uses shorter sequences); dropout applies.
+    """
+    if not shape.init:
+        return GPT(GPTConfig.from_preset(shape.preset, vocab_size=vocab_size, **shape.overrides()))
+    model = GPT.from_pretrained(shape.init)
+    loaded = model.config
+    for name, value in shape.overrides().items():
+        if name == "dropout" or (name == "context_length" and value <= loaded.context_length):
+            continue
+        if getattr(loaded, name) != value:
+            raise config_error(
+                shape,
+                name,
+                f"{value} differs from the loaded model's {getattr(loaded, name)} ({shape.init}): "
+                "loaded weights keep their shape; drop the flag or --init",
+            )
+    if shape.dropout is not None:
+        model.set_dropout(shape.dropout)  # the layers' rates, not only the recorded one
+    return model
+
+
+def base_vocab_size(tokenizer: Tokenizer) -> int:
+    """Token rows a language model needs for this tokenizer before fine-tuning.
+
+    GPT-1's special tokens (_start_, _delimiter_, _classify_) only appear in fine-tuning inputs, so
+    they get rows then; a byte-level end-of-text token separates documents in pre-training, so it
+    needs its row from the start.
+    """
+    return tokenizer.vocab_size + (tokenizer.n_special if tokenizer.style == "bytelevel" else 0)
+
+
+def check_run_dir(out_dir: Path, resume: bool) -> None:
+    """A run directory is never overwritten: it must be new, or resumed."""
+    if not resume and (out_dir / CHECKPOINTS).exists():
+        raise FileExistsError(
+            f"{out_dir} already holds a run: pass --resume to continue it, or choose another --out"
+        )
+
+
+def resume_latest(trainer: Trainer, load_model_state: Callable[[Path], dict[str, torch.Tensor]]) -> None:
+    """Continue ``trainer``'s run from its newest complete checkpoint."""
+    checkpoint = trainer.latest_checkpoint()
+    if checkpoint is None:
+        raise FileNotFoundError(f"--resume: no checkpoint in {trainer.out_dir / CHECKPOINTS}")
+    trainer.resume(checkpoint, load_model_state)
+
+
+def run_config(stage: str, config: object, train: object, model: GPTConfig, **extra: Any) -> dict[str, Any]:
+    """What defines a run, for ``run_config.json``: the stage's settings, the loop's, the model's."""
+    return {
+        "stage": stage,
+        stage: dataclasses.asdict(config),
+        "train": dataclasses.asdict(train),
+        "model": model.to_dict(),
+        **extra,
+    }

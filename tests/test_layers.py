@@ -1,0 +1,87 @@
+"""The layers point one way: io → tokenizer/data → model → train → generate/evaluate → cli.
+
+Read from the source (every ``import gptkit...`` of every module), so a new upward import fails here
+before it becomes an import circle.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "gptkit"
+
+# Lower numbers are lower layers; a module may import its own layer and those below.
+LAYERS = {
+    "gptkit.io": 0,
+    "gptkit.config": 0,
+    "gptkit.hardware": 0,
+    "gptkit.tokenizer": 1,
+    "gptkit.data": 1,
+    "gptkit.model": 2,
+    "gptkit.checkpoint": 2,
+    "gptkit.task_model": 2,
+    "gptkit.train": 3,
+    "gptkit.generate": 4,
+    "gptkit.textgen": 4,
+    "gptkit.evaluate": 4,
+    "gptkit.demo": 5,
+    "gptkit.cli": 5,
+    "gptkit.__main__": 5,
+    "gptkit": 5,  # the package's public API gathers everything
+}
+# Conveniences that reach up, each imported inside the method that needs it and named in a comment:
+# GPT.from_pretrained/save_pretrained (checkpoint.py) and GPT.generate (generate.py).
+ALLOWED_UPWARD = {("gptkit.model", "gptkit.checkpoint"), ("gptkit.model", "gptkit.generate")}
+
+
+def layer(module: str) -> int:
+    while module not in LAYERS:
+        module = module.rsplit(".", 1)[0]
+    return LAYERS[module]
+
+
+def imports(path: Path) -> list[tuple[str, bool]]:
+    """(imported gptkit module, imported inside a function) for every import in the file."""
+    found = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, ast.ImportFrom) and (child.module or "").startswith("gptkit"):
+                found.append((child.module, inner))
+            elif isinstance(child, ast.Import):
+                found.extend((a.name, inner) for a in child.names if a.name.startswith("gptkit"))
+            visit(child, inner)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), False)
+    return found
+
+
+def module_name(path: Path) -> str:
+    name = ".".join(("gptkit", *path.relative_to(SRC).with_suffix("").parts))
+    return name.removesuffix(".__init__")
+
+
+def test_no_module_imports_a_higher_layer():
+    upward = []
+    for path in sorted(SRC.rglob("*.py")):
+        name = module_name(path)
+        for target, _ in imports(path):
+            if layer(target) > layer(name) and (name, target) not in ALLOWED_UPWARD:
+                upward.append(f"{name} imports {target}")
+    assert not upward, "\n".join(upward)
+
+
+def test_tokenizer_and_data_never_import_the_model():
+    for path in sorted([*(SRC / "tokenizer").rglob("*.py"), *(SRC / "data").rglob("*.py")]):
+        for target, _ in imports(path):
+            assert layer(target) <= 1, f"{module_name(path)} imports {target}"
+
+
+def test_the_allowed_upward_imports_are_lazy():
+    for path in sorted(SRC.rglob("*.py")):
+        name = module_name(path)
+        for target, lazy in imports(path):
+            if (name, target) in ALLOWED_UPWARD:
+                assert lazy, f"{name} imports {target} at module level: an import circle"
