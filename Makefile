@@ -1,5 +1,6 @@
 # gptkit: `make demo` runs the whole job end to end, `make test` the test suite.
-# Each target sets up .venv on first use (and again when pyproject.toml changes).
+# Each target sets up .venv on first use (and again when pyproject.toml or constraints.txt
+# changes), with the exact tested versions of constraints.txt.
 
 VENV    ?= .venv
 PYTHON  := $(VENV)/bin/python
@@ -11,10 +12,10 @@ RUNS    ?= runs
 
 .PHONY: setup demo test bench lint clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
-	$(PYTHON) -m pip install -q -e ".[dev]"
+	$(PYTHON) -m pip install -q -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
 setup: $(STAMP)
