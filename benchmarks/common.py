@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("GPTKIT_DATA", REPO.parent / "shared" / "data"))
+# The most one measurement may take before it is reported as skipped: ample on a 2-core CPU, where
+# the slowest takes a few minutes at most; it keeps a slow path from running for hours.
+TIME_LIMIT_S = float(os.environ.get("GPTKIT_BENCH_TIME_LIMIT_S", "600"))
 sys.path.insert(0, str(REPO))  # the tests' reference implementations serve as peers
 
 
@@ -46,5 +52,57 @@ def comparison(
     }
 
 
+def skipped(what: str, unit: str, peer: str, reason: str) -> dict:
+    """A comparison not run, and why: the keys of ``comparison``, with no figures."""
+    return {
+        "what": what,
+        "unit": unit,
+        "ours": None,
+        "peer": peer,
+        "peer_value": None,
+        "ratio": None,
+        "skipped": reason,
+    }
+
+
+class MeasurementTimeout(Exception):
+    """A measurement ran past its time limit."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise MeasurementTimeout in the block after ``seconds`` (where the OS has SIGALRM; else no limit).
+
+    The signal is only seen between Python bytecodes, so a single long native call overruns it; the
+    benchmarks' loops return to Python every step.
+    """
+    if not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def expire(signum, frame):
+        raise MeasurementTimeout(f"ran past its {seconds:.0f} s limit")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def emit(name: str, comparisons: list[dict], **extra) -> None:
-    print(json.dumps({"benchmark": name, "machine": machine(), "comparisons": comparisons, **extra}))
+    from gptkit.hardware import describe
+
+    print(
+        json.dumps(
+            {
+                "benchmark": name,
+                "machine": machine(),
+                "hardware": describe(),
+                "comparisons": comparisons,
+                **extra,
+            }
+        )
+    )

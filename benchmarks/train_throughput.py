@@ -6,6 +6,10 @@ peak RSS is its own), the two libraries alternate, several repetitions, medians.
 2048³ matmul measured in the same run. gptkit runs as its Trainer does: the fused output-layer
 loss (no logits returned) and glibc kept from returning freed memory (gptkit.train.memory); the
 run without the latter is reported too.
+
+bf16 is skipped (ratio null, with the reason) on a CPU that does not multiply it natively, where it
+runs 30-65x slower than fp32; a measurement running past common.TIME_LIMIT_S is killed and its
+precision reported as skipped too.
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ import subprocess
 import sys
 import time
 
-from common import comparison, emit, median
+from common import TIME_LIMIT_S, MeasurementTimeout, comparison, emit, median, skipped
 
 SHAPE = dict(n_layer=6, d_model=384, n_head=6, context=256, vocab=40478, batch=8)
 WARMUP, STEPS, REPEATS = 2, 5, 3
+PEER = "transformers OpenAIGPTLMHeadModel"
 
 
 def flops_per_token(shape: dict) -> float:
@@ -97,7 +102,7 @@ def worker(library: str, precision: str, tuned_malloc: bool = True) -> None:
     print(json.dumps({"tokens_per_s": STEPS * s["batch"] * s["context"] / seconds, "peak_rss_mb": peak_mb}))
 
 
-def matmul_peak(precision: str) -> float:
+def matmul_peak(precision: str) -> None:
     import torch
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
@@ -109,68 +114,89 @@ def matmul_peak(precision: str) -> float:
         start = time.perf_counter()
         a @ b
         times.append(time.perf_counter() - start)
-    return 2 * 2048**3 / median(times)
+    print(json.dumps({"flops_per_s": 2 * 2048**3 / median(times)}))
 
 
-def run(library: str, precision: str, tuned_malloc: bool = True) -> dict:
-    args = [sys.executable, __file__, "--worker", library, precision] + (
-        [] if tuned_malloc else ["--plain-malloc"]
-    )
-    out = subprocess.run(args, capture_output=True, text=True, check=True)
+def run(*worker_args: str) -> dict:
+    """One measurement in a fresh process; MeasurementTimeout if it runs past TIME_LIMIT_S."""
+    args = [sys.executable, __file__, "--worker", *worker_args]
+    try:
+        out = subprocess.run(args, capture_output=True, text=True, check=True, timeout=TIME_LIMIT_S)
+    except subprocess.TimeoutExpired as e:
+        raise MeasurementTimeout(
+            f"a measurement ({' '.join(worker_args)}) ran past its {TIME_LIMIT_S:.0f} s limit"
+        ) from e
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def labels(precision: str) -> list[tuple[str, str]]:
+    """(what, unit) of each comparison for one precision, measured or skipped."""
+    shape = f"6L/384, ctx 256, batch 8, {precision}"
+    return [
+        (f"train tok/s, {shape}", "tok/s"),
+        (f"train tok/s, {shape}, gptkit without malloc tuning", "tok/s"),
+        (f"train peak RSS, {shape}", "MB"),
+        (f"MFU, {shape}", "fraction of matmul peak"),
+    ]
+
+
+def measure(precision: str) -> tuple[list[dict], float]:
+    """The comparisons for one precision, and the matmul peak (FLOP/s) that MFU is against."""
+    ours, plain, theirs = [], [], []
+    for _ in range(REPEATS):  # alternate, so drift in the machine hits all alike
+        ours.append(run("gptkit", precision))
+        plain.append(run("gptkit", precision, "--plain-malloc"))
+        theirs.append(run("transformers", precision))
+    peak = run("--matmul", precision)["flops_per_s"]
+    tps = {
+        name: median([r["tokens_per_s"] for r in rs])
+        for name, rs in (("ours", ours), ("plain", plain), ("theirs", theirs))
+    }
+    per_token = flops_per_token(SHAPE)
+    rss = {name: median([r["peak_rss_mb"] for r in rs]) for name, rs in (("ours", ours), ("theirs", theirs))}
+    (tok_s, _), (plain_tok_s, _), (memory, _), (mfu, mfu_unit) = labels(precision)
+    return [
+        comparison(tok_s, "tok/s", tps["ours"], PEER, tps["theirs"]),
+        comparison(plain_tok_s, "tok/s", tps["plain"], PEER, tps["theirs"]),
+        comparison(memory, "MB", rss["ours"], PEER, rss["theirs"], higher_is_better=False),
+        comparison(mfu, mfu_unit, tps["ours"] * per_token / peak, PEER, tps["theirs"] * per_token / peak),
+    ], peak
+
+
+def not_native(precision: str) -> str | None:
+    """Why this CPU cannot run ``precision`` natively, or None where it can."""
+    import torch
+
+    from gptkit.hardware import bf16_native
+
+    native = bf16_native(torch.device("cpu"))
+    if precision == "bf16" and native.value == "no":
+        return f"no native bf16: {native.reason}"
+    return None
 
 
 def main() -> None:
     comparisons, extra = [], {}
-    per_token = flops_per_token(SHAPE)
-    peer = "transformers OpenAIGPTLMHeadModel"
     for precision in ("fp32", "bf16"):
-        ours, plain, theirs = [], [], []
-        for _ in range(REPEATS):  # alternate, so drift in the machine hits all alike
-            ours.append(run("gptkit", precision))
-            plain.append(run("gptkit", precision, tuned_malloc=False))
-            theirs.append(run("transformers", precision))
-        peak = matmul_peak(precision)
-        tps = {
-            name: median([r["tokens_per_s"] for r in rs])
-            for name, rs in (("ours", ours), ("plain", plain), ("theirs", theirs))
-        }
-        shape = f"6L/384, ctx 256, batch 8, {precision}"
-        comparisons.append(comparison(f"train tok/s, {shape}", "tok/s", tps["ours"], peer, tps["theirs"]))
-        comparisons.append(
-            comparison(
-                f"train tok/s, {shape}, gptkit without malloc tuning",
-                "tok/s",
-                tps["plain"],
-                peer,
-                tps["theirs"],
-            )
-        )
-        comparisons.append(
-            comparison(
-                f"train peak RSS, {shape}",
-                "MB",
-                median([r["peak_rss_mb"] for r in ours]),
-                peer,
-                median([r["peak_rss_mb"] for r in theirs]),
-                higher_is_better=False,
-            )
-        )
-        comparisons.append(
-            comparison(
-                f"MFU, {shape}",
-                "fraction of matmul peak",
-                tps["ours"] * per_token / peak,
-                peer,
-                tps["theirs"] * per_token / peak,
-            )
-        )
-        extra[f"matmul_peak_gflops_{precision}"] = round(peak / 1e9, 1)
+        reason = not_native(precision)
+        if reason is None:
+            try:
+                rows, peak = measure(precision)
+            except MeasurementTimeout as e:
+                reason = str(e)
+        if reason is None:
+            comparisons += rows
+            extra[f"matmul_peak_gflops_{precision}"] = round(peak / 1e9, 1)
+        else:
+            comparisons += [skipped(what, unit, PEER, reason) for what, unit in labels(precision)]
+            extra[f"matmul_peak_gflops_{precision}"] = None
     emit("train_throughput", comparisons, **extra)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) >= 4 and sys.argv[1] == "--worker":
+    if len(sys.argv) >= 4 and sys.argv[1:3] == ["--worker", "--matmul"]:
+        matmul_peak(sys.argv[3])
+    elif len(sys.argv) >= 4 and sys.argv[1] == "--worker":
         worker(sys.argv[2], sys.argv[3], tuned_malloc="--plain-malloc" not in sys.argv)
     else:
         main()
