@@ -68,6 +68,11 @@ def test_similarity_head_adds_the_two_orders():
     # By hand: run each order alone, take h_n at its <e>, add, apply W_y.
     h = [gpt(torch.tensor([seq])).hidden_states[0, -1] for seq in encoded.sequences]
     torch.testing.assert_close(logits[0], model.head(h[0] + h[1]), atol=1e-5, rtol=1e-5)
+    # Padding to a multiple of 16 (fewer shapes for the CPU's kernels) changes nothing.
+    padded = collate([encoded], pad_to_multiple=16, max_length=16)
+    assert padded["input_ids"].shape[-1] == 16 > batch["input_ids"].shape[-1]
+    torch.testing.assert_close(model(padded["input_ids"], padded["clf_positions"]).logits, logits)
+    assert collate([encoded], pad_to_multiple=16, max_length=10)["input_ids"].shape[-1] == 10
 
 
 def test_l3_is_l2_plus_lambda_l1():

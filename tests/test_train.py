@@ -500,6 +500,8 @@ def test_time_budget_stops_at_the_deadline_with_a_checkpoint(shards, tmp_path):
     assert trainer.plan["planned_steps"] == 97 and trainer.plan["stopped_at_deadline"]
     assert trainer.step == 5 + 32  # 5 s, then 3 s an update until 100 s have passed
     assert json.loads((tmp_path / "checkpoints" / "latest.json").read_text())["step"] == 37
+    resolved = json.loads((tmp_path / "run_config.json").read_text())["resolved"]
+    assert resolved["max_steps"] == 37 and resolved["time_budget_plan"]["stopped_at_deadline"]
 
 
 def test_resuming_a_budgeted_run_keeps_its_plan(shards, tmp_path):

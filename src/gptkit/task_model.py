@@ -29,6 +29,9 @@ from gptkit.model import GPT
 from gptkit.tokenizer import Tokenizer
 
 HEAD_NAME = "task_head.safetensors"
+# Batches are padded to a multiple of this many tokens: a handful of shapes instead of one per length
+# (each new shape costs the CPU's matrix library seconds of kernel preparation).
+PAD_TO_MULTIPLE = 16
 TASK_NAME = "task.json"
 
 
@@ -128,7 +131,9 @@ class TaskModel(nn.Module):
         outputs = []
         try:
             for start in range(0, len(examples), batch_size):
-                batch = collate(examples[start : start + batch_size])
+                batch = collate(
+                    examples[start : start + batch_size], False, PAD_TO_MULTIPLE, self.spec.max_length
+                )
                 batch.pop("targets", None)
                 batch.pop("lm_labels")
                 batch = {k: v.to(self.device) for k, v in batch.items()}

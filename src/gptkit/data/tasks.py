@@ -198,16 +198,24 @@ def infer_labels(examples: Sequence[Example], spec_task: str, regression: bool) 
     )
 
 
-def collate(batch: Sequence[EncodedExample], regression: bool = False) -> dict[str, torch.Tensor]:
+def collate(
+    batch: Sequence[EncodedExample],
+    regression: bool = False,
+    pad_to_multiple: int = 1,
+    max_length: int | None = None,
+) -> dict[str, torch.Tensor]:
     """Right-pad into (N, C, T): with causal attention no real token ever sees the padding.
 
     ``lm_labels`` hold -100 on padding; ``clf_positions`` index each sequence's ``<e>`` token.
+    ``pad_to_multiple`` rounds T up (never past ``max_length``): CPU matrix libraries prepare their
+    kernels per shape, measured at seconds for each new shape, so a few lengths beat many.
     """
     n_seq = {len(e.sequences) for e in batch}
     if len(n_seq) != 1:
         raise ValueError(f"examples in a batch have different numbers of sequences: {sorted(n_seq)}")
     (C,) = n_seq
     T = max(len(s) for e in batch for s in e.sequences)
+    T = max(T, min(-(-T // pad_to_multiple) * pad_to_multiple, max_length or T))
     input_ids = torch.zeros(len(batch), C, T, dtype=torch.long)
     lm_labels = torch.full((len(batch), C, T), IGNORE_INDEX, dtype=torch.long)
     clf_positions = torch.zeros(len(batch), C, dtype=torch.long)

@@ -34,7 +34,14 @@ from gptkit.data.tasks import (
 )
 from gptkit.io import read_json, write_json
 from gptkit.model import GPT
-from gptkit.task_model import HEAD_NAME, TASK_NAME, TaskModel, read_task_state, save_task_model
+from gptkit.task_model import (
+    HEAD_NAME,
+    PAD_TO_MULTIPLE,
+    TASK_NAME,
+    TaskModel,
+    read_task_state,
+    save_task_model,
+)
 from gptkit.tokenizer import Tokenizer
 from gptkit.train.distributed import init_distributed, shutdown_distributed, unwrap, wrap_model
 from gptkit.train.loop import TrainConfig, Trainer
@@ -158,11 +165,13 @@ def finetune_train_config(**overrides) -> FinetuneTrainConfig:
 class ExampleBatches:
     """Epochs of shuffled examples (the same sampler as pre-training's windows), collated."""
 
-    def __init__(self, examples: list[EncodedExample], sampler: EpochSampler, regression: bool):
-        self.examples, self.sampler, self.regression = examples, sampler, regression
+    def __init__(self, examples: list[EncodedExample], sampler: EpochSampler, spec: TaskSpec):
+        self.examples, self.sampler = examples, sampler
+        self.regression, self.max_length = spec.regression, spec.max_length
 
     def next_batch(self) -> dict[str, torch.Tensor]:
-        return collate([self.examples[i] for i in self.sampler.next_indices()], self.regression)
+        batch = [self.examples[i] for i in self.sampler.next_indices()]
+        return collate(batch, self.regression, PAD_TO_MULTIPLE, self.max_length)
 
     def state_dict(self) -> dict:
         return self.sampler.state_dict()
@@ -299,7 +308,7 @@ def finetune(config: FinetuneConfig, train: TrainConfig) -> dict:
         trainer = Trainer(
             wrap_model(model, ctx, fsdp=train.fsdp),
             train,
-            ExampleBatches(encoded_train, sampler, spec.regression),
+            ExampleBatches(encoded_train, sampler, spec),
             out_dir,
             save_model,
             ctx=ctx,

@@ -392,13 +392,15 @@ class Trainer:
                         self._plan_for_budget(budget, now - fit_started, now - timing_from, first_step)
                         bar.total = self.max_steps
                         bar.refresh()
-                    if now - fit_started >= budget and self.step < self.max_steps:
+                    if self._past_deadline(now - fit_started >= budget) and self.step < self.max_steps:
                         # Past the deadline (the plan was too hopeful): this update is the last.
                         bar.write(
                             f"time budget of {config.time_budget} spent: stopping at update {self.step}"
                         )
                         self.max_steps = self.step
                         self.plan["stopped_at_deadline"] = True
+                        if ctx.is_main:
+                            self._write_run_config()  # what ran, not what was planned
                 self._after_step(loss, grad_norm, tokens_per_s)
         except KeyboardInterrupt:
             interrupted = True
@@ -433,7 +435,6 @@ class Trainer:
         leaves room for those still to come. Warm-up keeps its share of the (shorter) run.
         """
         config = self.config
-        seconds_per_update = timed / (self.step - first_step - 1)
         seconds_per_eval = 0.0
         if self.evaluate is not None and config.eval_every:
             started = self.clock()
@@ -442,6 +443,13 @@ class Trainer:
             if self.ctx.is_main:
                 _append_jsonl(self.out_dir / "metrics.jsonl", {"step": self.step, **metrics})
             elapsed += seconds_per_eval
+        # Every process must plan the same number of updates: plan from the mean of their timings.
+        timings = torch.tensor(
+            [timed / (self.step - first_step - 1), seconds_per_eval, elapsed], dtype=torch.float32
+        )
+        seconds_per_update, seconds_per_eval, elapsed = self.ctx.all_reduce_mean(
+            timings.to(self.ctx.device)
+        ).tolist()
         # Keep 3% for checkpoints, the final evaluation and noise; evaluations come every eval_every.
         remaining = budget * 0.97 - elapsed - seconds_per_eval
         per_update = seconds_per_update + (seconds_per_eval / config.eval_every if config.eval_every else 0)
@@ -466,6 +474,13 @@ class Trainer:
                 f"(warm-up {self.warmup_steps})"
             )
             self._write_run_config()
+
+    def _past_deadline(self, past: bool) -> bool:
+        """Whether any process is past the time budget: all of them stop at the same update."""
+        if not self.ctx.is_distributed:
+            return past
+        flag = torch.tensor([1.0 if past else 0.0], device=self.ctx.device)
+        return bool(self.ctx.all_reduce_mean(flag).item() > 0)
 
     def _latest_step(self) -> int:
         return int(read_json(self.checkpoint_dir / LATEST)["step"])
