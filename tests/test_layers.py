@@ -1,4 +1,4 @@
-"""The layers point one way: io → tokenizer/data → model → train → generate/evaluate → cli.
+"""The layers point one way: io → tokenizer/data → model → train → generate/evaluate/serve → cli.
 
 Read from the source (every ``import gptkit...`` of every module), so a new upward import fails here
 before it becomes an import circle.
@@ -25,6 +25,7 @@ LAYERS = {
     "gptkit.generate": 4,
     "gptkit.textgen": 4,
     "gptkit.evaluate": 4,
+    "gptkit.serve": 4,
     "gptkit.demo": 5,
     "gptkit.cli": 5,
     "gptkit.__main__": 5,

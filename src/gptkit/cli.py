@@ -236,6 +236,30 @@ class GenerateArgs:
 
 
 @dataclass
+class ServeArgs:
+    """Serve a model over HTTP with OpenAI's completions protocol (continuous batching)."""
+
+    model: str = _arg("Model directory (HF, gptkit or converted GPT-1 release) or hub name.")
+    tokenizer: str | None = _arg("Tokenizer directory (default: the model directory).", None)
+    host: str = _arg("Address to listen on; 127.0.0.1 takes connections from this machine only.", "127.0.0.1")
+    port: int = _arg("TCP port.", 8000)
+    api_key: str | None = _arg(
+        "Clients must send 'Authorization: Bearer KEY' (default: $GPTKIT_API_KEY; unset: no key).", None
+    )
+    max_batch: int = _arg("Sequences decoded together.", 16)
+    max_queue: int = _arg("Sequences waiting for the batch; past it requests get HTTP 429.", 64)
+    max_tokens_limit: int = _arg("The largest max_tokens a request may ask for.", 512)
+    max_body_bytes: int = _arg("Larger request bodies get HTTP 413.", 1_000_000)
+    request_timeout: float = _arg("Seconds a request may wait and generate, in all.", 120.0)
+    cors_origin: list[str] | None = _arg(
+        "Allow browser pages from these origins (default: none, CORS off).", None, metavar="ORIGIN"
+    )
+    model_name: str | None = _arg("The model's name in the API (default: the model directory's name).", None)
+    dtype: Literal["auto", "float32", "bfloat16"] = _arg(_DTYPE_HELP, "auto")
+    device: str = _arg(_DEVICE_HELP, "auto")
+
+
+@dataclass
 class PerplexityArgs:
     """Perplexity of a text file under a model (strided sliding window)."""
 
@@ -425,6 +449,32 @@ def cmd_generate(args: GenerateArgs) -> None:
         run(args.prompt)
 
 
+def cmd_serve(args: ServeArgs) -> None:
+    import os
+
+    from gptkit.serve import ServeLimits, run_server
+
+    limits = ServeLimits(
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        max_tokens_limit=args.max_tokens_limit,
+        max_body_bytes=args.max_body_bytes,
+        request_timeout=args.request_timeout,
+    )
+    run_server(
+        args.model,
+        tokenizer_dir=args.tokenizer,
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or os.environ.get("GPTKIT_API_KEY") or None,
+        cors_origins=args.cors_origin or (),
+        model_name=args.model_name,
+        dtype=args.dtype,
+        device=args.device,
+        limits=limits,
+    )
+
+
 def cmd_perplexity(args: PerplexityArgs) -> None:
     from gptkit.evaluate.lm import perplexity
     from gptkit.textgen import load_for_generation
@@ -518,6 +568,7 @@ def _commands() -> list[Command]:
         Command("evaluate", (LabelledDataArgs,), cmd_evaluate),
         Command("predict", (PredictArgs,), cmd_predict),
         Command("generate", (GenerateArgs,), cmd_generate),
+        Command("serve", (ServeArgs,), cmd_serve),
         Command("perplexity", (PerplexityArgs,), cmd_perplexity),
         Command("zeroshot", (ZeroshotArgs,), cmd_zeroshot),
         Command("analyze tradeoff", (TradeoffArgs,), cmd_tradeoff),

@@ -1,0 +1,29 @@
+"""The server's limits: what one request may ask for, and how much work waits at once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAX_CHOICES_PER_PROMPT = 8  # the most `n` may be (and no more than max_batch)
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """Bounds that keep a server responsive whatever its clients send."""
+
+    max_batch: int = 16  # sequences decoded together (rows of the KV cache)
+    max_queue: int = 64  # sequences waiting for a row; a request that does not fit gets HTTP 429
+    max_tokens_limit: int = 512  # the largest max_tokens a request may ask for
+    max_body_bytes: int = 1_000_000  # larger request bodies get HTTP 413
+    request_timeout: float = 120.0  # seconds a request may wait and decode, in all
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch", "max_queue", "max_tokens_limit", "max_body_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.request_timeout > 0:
+            raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
+
+    @property
+    def max_n(self) -> int:
+        return min(MAX_CHOICES_PER_PROMPT, self.max_batch)

@@ -1,0 +1,89 @@
+"""The server's counters, in Prometheus' text exposition format (no client library needed)."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+from gptkit.serve.engine import Engine
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)  # seconds
+
+
+class Metrics:
+    """HTTP requests by endpoint and status, and how long they took; the engine's own counters."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._lock = threading.Lock()
+        self.requests: Counter[tuple[str, int]] = Counter()
+        self.bucket_counts = [0] * len(LATENCY_BUCKETS)
+        self.latency_sum = 0.0
+        self.latency_count = 0
+
+    def observe(self, endpoint: str, status: int, seconds: float) -> None:
+        with self._lock:
+            self.requests[(endpoint, status)] += 1
+            self.latency_sum += seconds
+            self.latency_count += 1
+            for i, bound in enumerate(LATENCY_BUCKETS):
+                if seconds <= bound:
+                    self.bucket_counts[i] += 1
+
+    def render(self) -> str:
+        with self._lock:
+            requests = sorted(self.requests.items())
+            buckets, total, count = list(self.bucket_counts), self.latency_sum, self.latency_count
+        engine = self.engine
+        lines: list[str] = []
+
+        def metric(name: str, kind: str, help: str, samples: list[tuple[str, float]]) -> None:
+            """``samples``: (sample name with its labels, value)."""
+            lines.extend([f"# HELP {name} {help}", f"# TYPE {name} {kind}"])
+            lines.extend(f"{sample} {value:g}" for sample, value in samples)
+
+        metric(
+            "gptkit_requests_total",
+            "counter",
+            "HTTP requests answered, by endpoint and status code.",
+            [(f'gptkit_requests_total{{endpoint="{e}",status="{s}"}}', n) for (e, s), n in requests],
+        )
+        name = "gptkit_request_duration_seconds"
+        metric(
+            name,
+            "histogram",
+            "Time from a request's arrival to the end of its response.",
+            [(f'{name}_bucket{{le="{bound:g}"}}', n) for bound, n in zip(LATENCY_BUCKETS, buckets)]
+            + [(f'{name}_bucket{{le="+Inf"}}', count), (f"{name}_sum", total), (f"{name}_count", count)],
+        )
+        for name, kind, help, value in (
+            (
+                "gptkit_generated_tokens_total",
+                "counter",
+                "Completion tokens decoded.",
+                engine.generated_tokens,
+            ),
+            ("gptkit_prompt_tokens_total", "counter", "Prompt tokens read.", engine.prompt_tokens),
+            (
+                "gptkit_sequences_finished_total",
+                "counter",
+                "Sequences that reached a finish (length or stop).",
+                engine.finished_sequences,
+            ),
+            (
+                "gptkit_sequences_cancelled_total",
+                "counter",
+                "Sequences stopped because their client went away.",
+                engine.cancelled_sequences,
+            ),
+            ("gptkit_engine_steps_total", "counter", "Decoding steps of the running batch.", engine.steps),
+            (
+                "gptkit_queue_length",
+                "gauge",
+                "Sequences waiting for a row of the batch.",
+                engine.queue_length,
+            ),
+            ("gptkit_running_sequences", "gauge", "Sequences in the running batch.", engine.batch_size),
+        ):
+            metric(name, kind, help, [(name, value)])
+        return "\n".join(lines) + "\n"
