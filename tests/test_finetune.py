@@ -14,7 +14,7 @@ from gptkit.data.readers import DataError, Example, read_dataset, read_table
 from gptkit.data.tasks import TaskSpec, build_sequences, collate, encode_examples, fit_segments
 from gptkit.evaluate.tasks import evaluate_model, predict
 from gptkit.task_model import TaskModel
-from gptkit.train.finetune import FinetuneConfig, finetune, finetune_train_config
+from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig, finetune
 
 SPECIALS = {"_start_": 100, "_delimiter_": 101, "_classify_": 102}
 WORDS = {w: i for i, w in enumerate("the cat sat on a mat dog ran far away yes no".split())}
@@ -240,7 +240,7 @@ def test_finetune_end_to_end_from_scratch(tmp_path, data_dir):
         epochs=8,
         lm_coef=0.0,
     )
-    train = finetune_train_config(lr=3e-3, batch_size=16, progress=False)
+    train = FinetuneTrainConfig(lr=3e-3, batch_size=16, progress=False)
     results = finetune(config, train)
     assert results["best"]["dev_accuracy"] >= 0.9
     # The configs passed in are not changed: a second run with them derives its own step counts.

@@ -128,3 +128,34 @@ def test_streamed_text_equals_generated_text_and_stops(data_dir):
     assert stopped == whole[: whole.find(stop)]
     with pytest.warns(UserWarning, match="left-truncated"):
         list(stream_text(model, tokenizer, "word " * 100, max_new_tokens=4))
+
+
+@pytest.mark.parametrize(
+    "sentence",
+    [
+        'it is a well-known fact, "he said." and/or we cannot only wait...',
+        "i didn't know 1,000 of them -- and she's gone (for now)!",
+    ],
+)
+def test_streamed_gpt1_text_is_the_whole_text_even_when_joining_rewrites_its_end(
+    data_dir, monkeypatch, sentence
+):
+    """GPT-1's detokenizer rewrites the end of a text as tokens arrive ("well -" → "well-known",
+    an opening quote attaches to the next word): the stream must still add up to the final text."""
+    import gptkit.textgen as textgen
+
+    tokenizer = Tokenizer.from_pretrained(data_dir / "gpt1_bpe")
+    prompt_ids, scripted = tokenizer.encode("so"), tokenizer.encode(sentence)
+    model = GPT(GPTConfig(vocab_size=len(tokenizer), context_length=64, n_layer=1, n_head=1, d_model=8))
+
+    def scripted_ids(model, input_ids, max_new_tokens, **kwargs):  # the model's choices, fixed
+        yield from (torch.tensor([token]) for token in scripted[:max_new_tokens])
+
+    monkeypatch.setattr(textgen, "stream_ids", scripted_ids)
+    pieces = list(stream_text(model, tokenizer, "so", max_new_tokens=len(scripted)))
+    full = tokenizer.decode_text(prompt_ids + scripted)
+    assert "".join(pieces) == full[len(tokenizer.decode_text(prompt_ids)) :]
+    assert len(pieces) > 3  # it streamed, rather than printing everything at the end
+    assert "well-known" in full or "didn't" in full
+    stopped = "".join(stream_text(model, tokenizer, "so", max_new_tokens=len(scripted), stop=[","]))
+    assert stopped == full[len("so") :].split(",")[0]

@@ -16,7 +16,7 @@ from gptkit.data.tasks import (
 )
 from gptkit.evaluate.tasks import predict
 from gptkit.task_model import TaskModel
-from gptkit.train.finetune import FinetuneConfig, finetune, finetune_train_config
+from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig, finetune
 
 SPECIALS = {"_start_": 100, "_delimiter_": 101, "_classify_": 102}
 S, D, E = 100, 101, 102
@@ -149,7 +149,7 @@ def test_finetune_and_predict_with_a_question(tmp_path, data_dir):
         epochs=1,
         lm_coef=0.0,  # the LM loss over a 50k vocabulary would be most of the run's time
     )
-    results = finetune(config, finetune_train_config(lr=1e-3, batch_size=8, precision="fp32", progress=False))
+    results = finetune(config, FinetuneTrainConfig(lr=1e-3, batch_size=8, precision="fp32", progress=False))
     assert results["examples"] == {"train": 16, "dev": 8}
 
     dev = read_table(tmp_path / "dev.csv", "multiple_choice", parse_columns(COLUMNS))
@@ -189,3 +189,18 @@ def test_finetune_and_predict_with_a_question(tmp_path, data_dir):
         probabilities(e, with_question=False) != pytest.approx(probabilities(e, with_question=True), abs=1e-5)
         for e in dev
     )
+
+
+def test_a_question_column_mapped_to_the_context_is_not_read_twice(tmp_path):
+    """ARC-style files: the stem is the context (--columns context=question); no second question."""
+    path = tmp_path / "arc.csv"
+    _write(
+        path,
+        [["question", "A", "B", "answerKey"], ["Which gas do plants take in?", "oxygen", "CO2", "B"]],
+        ",",
+    )
+    [example] = read_table(
+        path, "multiple_choice", parse_columns("context=question,choices=A|B,label=answerKey")
+    )
+    assert example.fields == {"context": "Which gas do plants take in?", "choices": ["oxygen", "CO2"]}
+    assert example.label == 1

@@ -497,11 +497,24 @@ def test_time_budget_stops_at_the_deadline_with_a_checkpoint(shards, tmp_path):
 
     trainer.data.next_batch = slower
     trainer.fit()
-    assert trainer.plan["planned_steps"] == 97 and trainer.plan["stopped_at_deadline"]
-    assert trainer.step == 5 + 32  # 5 s, then 3 s an update until 100 s have passed
+    assert trainer.plan["stopped_at_deadline"] and trainer.plan["planned_steps"] == trainer.step
+    assert trainer.step == 5 + 32  # planned 97 after 5 s, then 3 s an update until 100 s have passed
     assert json.loads((tmp_path / "checkpoints" / "latest.json").read_text())["step"] == 37
     resolved = json.loads((tmp_path / "run_config.json").read_text())["resolved"]
     assert resolved["max_steps"] == 37 and resolved["time_budget_plan"]["stopped_at_deadline"]
+
+
+def test_a_deadline_before_the_plan_ends_the_run_and_a_resume_has_nothing_left(shards, tmp_path):
+    trainer, _ = make_trainer(shards, tmp_path, budget_config(eval_every=0, time_budget="3s"))
+    FakeClock(trainer, update=1.0, evaluation=0.0)  # 3 s are gone before 5 updates could be timed
+    trainer.fit()
+    assert trainer.step == 3 and trainer.plan["planned_steps"] == 3 and trainer.plan["stopped_at_deadline"]
+    again, _ = make_trainer(
+        shards, tmp_path, budget_config(eval_every=0, time_budget="3s"), model=small_model()
+    )
+    again.resume(again.latest_checkpoint(), read_state_dict)
+    again.fit()
+    assert again.step == 3  # complete as it stood
 
 
 def test_resuming_a_budgeted_run_keeps_its_plan(shards, tmp_path):

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
+from gptkit.hardware import DEVICE_HELP
+
 # Dataclass flags ----------------------------------------------------------------------------------
 
 
@@ -141,7 +143,6 @@ def _arg(help: str, default: Any = dataclasses.MISSING, **metadata) -> Any:
     return field(default=default, metadata={"help": help, **metadata})
 
 
-_DEVICE_HELP = "auto (CUDA, then MPS, then CPU), cpu, cuda[:N] or mps."
 _DTYPE_HELP = (
     "Weights: auto (what runs fastest on this hardware, printed with its reason), float32 or bfloat16."
 )
@@ -194,7 +195,7 @@ class PrepareArgs:
 
 @dataclass
 class LabelledDataArgs:
-    """A fine-tuned model and labelled data: your file, or a public dataset by name."""
+    """Print a fine-tuned model's metrics on labelled data (your file or a public dataset) as JSON."""
 
     model: str = _arg("Directory written by `gptkit finetune`.")
     data: str | None = _arg("CSV/TSV (with a header) or JSONL file.", None)
@@ -203,7 +204,7 @@ class LabelledDataArgs:
     split: str = _arg("Split of --dataset: train, dev or test.", "dev")
     data_dir: str = _arg("Where the public datasets live (for --dataset).", "data")
     batch_size: int = _arg("Examples per forward pass.", 64)
-    device: str = _arg(_DEVICE_HELP, "auto")
+    device: str = _arg(DEVICE_HELP, "auto")
 
 
 @dataclass
@@ -232,7 +233,7 @@ class GenerateArgs:
     seed: int | None = _arg("Random seed, for reproducible samples.", None)
     raw: bool = _arg("Print GPT-1's raw token text (`did n't`) instead of text as written.", False)
     dtype: Literal["auto", "float32", "bfloat16"] = _arg(_DTYPE_HELP, "auto")
-    device: str = _arg(_DEVICE_HELP, "auto")
+    device: str = _arg(DEVICE_HELP, "auto")
 
 
 @dataclass
@@ -256,7 +257,7 @@ class ServeArgs:
     )
     model_name: str | None = _arg("The model's name in the API (default: the model directory's name).", None)
     dtype: Literal["auto", "float32", "bfloat16"] = _arg(_DTYPE_HELP, "auto")
-    device: str = _arg(_DEVICE_HELP, "auto")
+    device: str = _arg(DEVICE_HELP, "auto")
 
 
 @dataclass
@@ -268,7 +269,7 @@ class PerplexityArgs:
     tokenizer: str | None = _arg("Tokenizer directory (default: the model directory).", None)
     stride: int | None = _arg("Window step (default: half the context).", None)
     dtype: Literal["auto", "float32", "bfloat16"] = _arg(_DTYPE_HELP, "auto")
-    device: str = _arg(_DEVICE_HELP, "auto")
+    device: str = _arg(DEVICE_HELP, "auto")
 
 
 @dataclass
@@ -278,13 +279,17 @@ class ZeroshotArgs:
     model: str = _arg("A model directory, or a run directory with --checkpoints.")
     task: Literal["acceptability", "multiple_choice", "sentiment"] = _arg("Which heuristic.")
     tokenizer: str | None = _arg("Tokenizer directory (default: the model directory).", None)
-    dataset: str | None = _arg("Default: sst2, story_cloze or cola by task.", None)
+    dataset: str | None = _arg(
+        "Public dataset (default: by task: sentiment → sst2, multiple_choice → story_cloze, "
+        "acceptability → cola).",
+        None,
+    )
     split: str = _arg("Split to score.", "dev")
     data_dir: str = _arg("Where the public datasets live.", "data")
     limit: int | None = _arg("Use the first N examples.", None)
     checkpoints: bool = _arg("Evaluate every checkpoint of a pre-training run.", False)
     dtype: Literal["auto", "float32", "bfloat16"] = _arg(_DTYPE_HELP, "auto")
-    device: str = _arg(_DEVICE_HELP, "auto")
+    device: str = _arg(DEVICE_HELP, "auto")
 
 
 @dataclass
@@ -303,7 +308,7 @@ class TradeoffArgs:
     samples: int = _arg("Samples per passage and setting.", 2)
     seed: int = _arg("Random seed.", 0)
     dtype: Literal["auto", "float32", "bfloat16"] = _arg(_DTYPE_HELP, "auto")
-    device: str = _arg(_DEVICE_HELP, "auto")
+    device: str = _arg(DEVICE_HELP, "auto")
 
 
 @dataclass
@@ -326,7 +331,7 @@ class DemoArgs:
     quick: bool = _arg("A much shorter run (seconds), to check the plumbing.", False)
     time_budget: str = _arg("Wall-clock budget for pre-training.", "5m")
     precision: Literal["auto", "fp32", "bf16"] = _arg("Training precision (auto: by the hardware).", "auto")
-    device: str = _arg(_DEVICE_HELP, "auto")
+    device: str = _arg(DEVICE_HELP, "auto")
 
 
 # The commands -------------------------------------------------------------------------------------
@@ -494,7 +499,12 @@ def cmd_zeroshot(args: ZeroshotArgs) -> None:
     tokenizer_dir = args.tokenizer or args.model
     for step, directory in targets:
         model, tokenizer = load_for_generation(
-            directory, tokenizer_dir, dtype=args.dtype, device=args.device, decoding=False
+            directory,
+            tokenizer_dir,
+            dtype=args.dtype,
+            device=args.device,
+            decoding=False,
+            verbose=directory == targets[0][1],  # the choice is the same for every checkpoint
         )
         result = zeroshot(model, tokenizer, args.task, args.data_dir, args.dataset, args.split, args.limit)
         record = {"task": args.task, "model": str(directory), "step": step, **result}
@@ -553,7 +563,7 @@ class Command:
 
 
 def _commands() -> list[Command]:
-    # Imported here: the training configs pull in torch, which `gptkit --version` does not need.
+    # Imported here rather than at the top: the training modules are the heaviest of the package.
     from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig
     from gptkit.train.loop import TrainConfig
     from gptkit.train.pretrain import PretrainConfig

@@ -9,6 +9,13 @@ from typing import Any, Literal
 # The label that the language-model loss skips (padding, and inputs that are not predicted).
 IGNORE_INDEX = -100
 
+
+def config_error(config: object, name: str, problem: str) -> ValueError:
+    """The error of a config field that fails its check: it names the field, its flag, and what to
+    change, e.g. ``TrainConfig.lr (--lr): must be > 0, got 0``."""
+    return ValueError(f"{type(config).__name__}.{name} (--{name.replace('_', '-')}): {problem}")
+
+
 LNPosition = Literal["post", "pre"]
 PositionEncoding = Literal["learned", "sinusoidal"]
 Activation = Literal["gelu_tanh", "gelu", "relu"]

@@ -19,13 +19,11 @@ import os
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-Precision = Literal["auto", "fp32", "bf16"]
-InferenceDtype = Literal["auto", "float32", "bfloat16"]
-DeviceName = Literal["auto", "cpu", "cuda", "mps"]
+# The help text of every --device flag.
+DEVICE_HELP = "auto (CUDA, then MPS, then CPU), cpu, cuda[:N] or mps."
 
 # oneDNN (PyTorch's CPU matmul library) ISA levels from which bf16 runs natively; ONEDNN_MAX_CPU_ISA
 # below them makes bf16 matmuls fall back to the slow path even on a CPU that has the instructions.
@@ -136,17 +134,18 @@ def _cpu_decoding_prefers_bf16() -> tuple[bool, float]:
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(2048, 2048, generator=generator)
     vector = torch.randn(1, 2048, generator=generator)
-    timings = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        w, x = weight.to(dtype), vector.to(dtype)
+    inputs = {dtype: (vector.to(dtype), weight.to(dtype)) for dtype in (torch.float32, torch.bfloat16)}
+    for x, w in inputs.values():
         for _ in range(30):
             torch.nn.functional.linear(x, w)
-        best = float("inf")
-        for _ in range(20):
-            started = time.perf_counter()
-            torch.nn.functional.linear(x, w)
-            best = min(best, time.perf_counter() - started)
-        timings[dtype] = best
+    # Rounds alternate the two dtypes, so that a burst of load from elsewhere hits both alike.
+    timings = {dtype: float("inf") for dtype in inputs}
+    for _ in range(4):
+        for dtype, (x, w) in inputs.items():
+            for _ in range(5):
+                started = time.perf_counter()
+                torch.nn.functional.linear(x, w)
+                timings[dtype] = min(timings[dtype], time.perf_counter() - started)
     speedup = timings[torch.float32] / timings[torch.bfloat16]
     return speedup >= 1.1, speedup
 

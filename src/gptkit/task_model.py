@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptkit.checkpoint import read_state_dict, save_state_dict
-from gptkit.data.readers import Example
+from gptkit.data.readers import OPTIONAL_FIELDS, TEXT_FIELDS, Example
 from gptkit.data.tasks import EncodedExample, TaskSpec, collate, encode_examples
 from gptkit.hardware import resolve_device
 from gptkit.io import read_json_object, read_safetensors, save_safetensors, write_json
@@ -117,7 +117,10 @@ class TaskModel(nn.Module):
         with an optional ``label``."""
         if self.tokenizer is None:
             raise ValueError("this TaskModel has no tokenizer: pass one to TaskModel(...) to encode text")
-        examples = [row if isinstance(row, Example) else _example(row, i) for i, row in enumerate(rows)]
+        examples = [
+            row if isinstance(row, Example) else _example(row, i, self.spec.task)
+            for i, row in enumerate(rows)
+        ]
         encoded, _ = encode_examples(
             examples, self.spec, self.tokenizer.encode, require_labels=require_labels
         )
@@ -196,8 +199,10 @@ class TaskModel(nn.Module):
         return model.to(resolve_device(device)).eval()
 
 
-def _example(row: Mapping, index: int) -> Example:
-    fields = {k: v for k, v in row.items() if k != "label"}
+def _example(row: Mapping, index: int, task: str) -> Example:
+    """A row's task fields (other keys, such as an id, are left out) and its label, if any."""
+    names = (*TEXT_FIELDS[task], *OPTIONAL_FIELDS.get(task, ()))
+    fields = {k: v for k, v in row.items() if k in names}
     return Example(fields=fields, label=row.get("label"), source=f"row {index}")
 
 

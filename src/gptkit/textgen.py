@@ -1,12 +1,13 @@
 """Text in, text out: the tokenizer wrapped around :mod:`gptkit.generate`.
 
-Prompts longer than the model can take are left-truncated: the last ``context - max_new_tokens``
+Prompts longer than the model can take are left-truncated: the last ``context_length - max_new_tokens``
 prompt tokens are kept (a warning says how many were dropped), since the end of a prompt is
 what the continuation depends on most.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
@@ -19,21 +20,26 @@ from gptkit.hardware import resolve_device, resolve_inference_dtype
 from gptkit.model import GPT
 from gptkit.tokenizer import END_OF_TEXT, GPT1_SPECIAL_TOKENS, Tokenizer
 
+# Tokens held back while streaming text: the newest ones may still change how the text reads.
+HOLD_BACK = 2
+
 
 def load_for_generation(
     model_dir: str | Path,
     tokenizer_dir: str | Path | None = None,
-    dtype: str = "auto",
+    dtype: str = "float32",
     device: str = "auto",
     decoding: bool = True,
     verbose: bool = False,
 ) -> tuple[GPT, Tokenizer]:
     """A model in eval mode and its tokenizer, on ``device`` with weights in ``dtype``.
 
-    ``auto`` picks what runs fastest here (see :mod:`gptkit.hardware`): for decoding one token at a
-    time (``decoding=True``) half-size bf16 weights often win even without bf16 instructions; for
-    scoring whole sequences, bf16 only where the hardware multiplies it natively. ``verbose`` prints
-    the choice and its reason.
+    ``dtype="auto"`` (the commands' default) picks what runs fastest here (see :mod:`gptkit.hardware`):
+    for decoding one token at a time (``decoding=True``) half-size bf16 weights often win even without
+    bf16 instructions; for scoring whole sequences, bf16 only where the hardware multiplies it
+    natively. The choice rests on a short measurement, so the same seed may sample differently on
+    another machine or under other load: fix ``dtype`` for reproducible samples (the default here,
+    float32, is exact). ``verbose`` prints the choice and its reason.
     """
     torch_device = resolve_device(device)
     choice = resolve_inference_dtype(dtype, torch_device, decoding=decoding)
@@ -101,29 +107,42 @@ def stream_text(
     device = next(model.parameters()).device
     ids = encode_prompt(model, tokenizer, prompt, max_new_tokens)
     kwargs = _sampling_kwargs(tokenizer, seed, kwargs)
-    new_ids: list[int] = []
-    emitted = ""
     eos = kwargs.get("eos_token_id")
     # Decode the continuation together with the prompt, so word boundaries (GPT-1's </w>) come out right.
     decoded_prompt = decode(ids)
+
+    def continuation(new_ids: list[int]) -> str:
+        text = decode(ids + new_ids)
+        return text[len(decoded_prompt) :] if text.startswith(decoded_prompt) else decode(new_ids)
+
+    def cut_at_stop(text: str) -> tuple[str, bool]:
+        cuts = [text.find(s) for s in stop or () if s in text]
+        return (text[: min(cuts)], True) if cuts else (text, False)
+
+    new_ids: list[int] = []
+    emitted = ""
     for step in stream_ids(model, torch.tensor([ids], device=device), max_new_tokens, **kwargs):
         token = int(step[0])
         if token == eos:
-            return
+            break
         new_ids.append(token)
-        text = decode(ids + new_ids)
-        text = text[len(decoded_prompt) :] if text.startswith(decoded_prompt) else decode(new_ids)
-        if text.endswith("\ufffd"):  # half of a multi-byte character: wait for the rest
-            continue
-        if stop:
-            cut = min((text.find(s) for s in stop if s in text), default=-1)
-            if cut >= 0:
-                if cut > len(emitted):
-                    yield text[len(emitted) : cut]
-                return
-        if text.startswith(emitted) and len(text) > len(emitted):
-            yield text[len(emitted) :]
-            emitted = text
+        text, stopped = cut_at_stop(continuation(new_ids))
+        if stopped:
+            break
+        # Text can still change while its last tokens are the newest: half a UTF-8 character, or a
+        # joining rule of GPT-1's detokenizer ("well -" becomes "well-known"). Emit only what the
+        # text shared before the last HOLD_BACK tokens arrived: that much no longer changes.
+        stable = continuation(new_ids[:-HOLD_BACK]) if len(new_ids) > HOLD_BACK else ""
+        stable_length = len(os.path.commonprefix([text, stable]))
+        while stable_length and text[stable_length - 1] == "\ufffd":  # a character still arriving
+            stable_length -= 1
+        if stable_length > len(emitted) and text.startswith(emitted):
+            yield text[len(emitted) : stable_length]
+            emitted = text[:stable_length]
+    text, _ = cut_at_stop(continuation(new_ids))
+    text = text.removesuffix("\ufffd")  # a character cut short by the end of generation
+    if text.startswith(emitted) and len(text) > len(emitted):
+        yield text[len(emitted) :]
 
 
 def generate_text(

@@ -137,11 +137,15 @@ def read_table(
     for index, (line_number, row) in enumerate(_rows(path)):
         source = f"{path}, line {line_number}"
         if index == 0:
-            # The first row decides for the file: a column named like an optional field is used.
+            # The first row decides for the file: a column named like an optional field is used,
+            # unless --columns already maps it to another field (context=question: a stem, once).
+            mapped = {
+                c for value in mapping.values() for c in (value if isinstance(value, list) else [value])
+            }
             optional += [
                 name
                 for name in OPTIONAL_FIELDS.get(task, ())
-                if name not in optional and row.get(name) is not None
+                if name not in optional and row.get(name) is not None and name not in mapped
             ]
             mapping.update({name: columns.get(name, name) for name in optional})
         values: dict[str, str | list[str]] = {}

@@ -1,4 +1,4 @@
-"""Corpus → token shards on disk → windows of ``context`` tokens, drawn without replacement.
+"""Corpus → token shards on disk → windows of ``context_length`` tokens, drawn without replacement.
 
 ``prepare`` streams text files through a tokenizer into ``train.bin`` and ``val.bin`` (flat numpy
 arrays, uint16 when the vocabulary fits, else uint32) with ``meta.json`` beside them and a copy of

@@ -5,9 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from gptkit.io import atomic_write
-
-_RESAVE = "re-download or re-save it"
+from gptkit.io import RESAVE_ADVICE, atomic_write
 
 
 def read_merges(path: str | Path) -> list[tuple[str, str]]:
@@ -20,10 +18,10 @@ def read_merges(path: str | Path) -> list[tuple[str, str]]:
             text = f.read()
     except UnicodeDecodeError as e:
         raise ValueError(
-            f"{path}: not UTF-8 text (invalid byte at offset {e.start}): the file is damaged; {_RESAVE}"
+            f"{path}: not UTF-8 text (invalid byte at offset {e.start}): the file is damaged; {RESAVE_ADVICE}"
         ) from e
     if not text:
-        raise ValueError(f"{path}: the file is empty; {_RESAVE}")
+        raise ValueError(f"{path}: the file is empty; {RESAVE_ADVICE}")
     lines = text.split("\n")
     merges = []
     for line_number, line in enumerate(lines, start=1):
@@ -36,7 +34,7 @@ def read_merges(path: str | Path) -> list[tuple[str, str]]:
             message = f"{path}, line {line_number}: expected two symbols separated by a space, got {line!r}"
             # Every merge line ends with a newline: a last line without one was cut short.
             if line_number == len(lines):
-                message += f": the file ends inside this line, it is truncated; {_RESAVE}"
+                message += f": the file ends inside this line, it is truncated; {RESAVE_ADVICE}"
             raise ValueError(message)
         merges.append((parts[0], parts[1]))
     return merges

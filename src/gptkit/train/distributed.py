@@ -61,6 +61,11 @@ def init_distributed(device: str | None = "auto") -> DistributedContext:
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     torch_device = resolve_device(device)
+    if torch_device.type == "cuda" and world_size > 1 and torch_device.index is not None:
+        raise ValueError(
+            f"--device {device} under torchrun would put every process on one GPU: use --device cuda "
+            "(each process takes the GPU of its LOCAL_RANK), and CUDA_VISIBLE_DEVICES to choose GPUs"
+        )
     if torch_device.type == "cuda" and torch_device.index is None:
         torch.cuda.set_device(local_rank)  # one GPU per process, as torchrun numbers them
         torch_device = torch.device("cuda", local_rank)

@@ -21,6 +21,7 @@ import torch
 import torch.nn as nn
 
 from gptkit.checkpoint import CONFIG_NAME, SAFETENSORS_NAME
+from gptkit.config import config_error
 from gptkit.data.readers import DATASETS, Example, parse_columns, read_dataset, read_table
 from gptkit.data.sampler import EpochSampler
 from gptkit.data.tasks import (
@@ -32,6 +33,7 @@ from gptkit.data.tasks import (
     special_token_ids,
     task_metrics,
 )
+from gptkit.hardware import DEVICE_HELP
 from gptkit.io import read_json, write_json
 from gptkit.model import GPT
 from gptkit.task_model import (
@@ -50,7 +52,6 @@ from gptkit.train.run import (
     base_vocab_size,
     build_model,
     check_run_dir,
-    config_error,
     resume_latest,
     run_config,
 )
@@ -109,9 +110,7 @@ class FinetuneConfig(ModelShape):
     resume: bool = field(
         default=False, metadata={"help": "Continue the run in --out from its latest checkpoint."}
     )
-    device: str = field(
-        default="auto", metadata={"help": "auto (CUDA, then MPS, then CPU), cpu, cuda[:N] or mps."}
-    )
+    device: str = field(default="auto", metadata={"help": DEVICE_HELP})
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -155,11 +154,6 @@ class FinetuneTrainConfig(TrainConfig):
 
     def default_warmup(self, max_steps: int) -> int:
         return max(1, round(WARMUP_FRACTION * max_steps))
-
-
-def finetune_train_config(**overrides) -> FinetuneTrainConfig:
-    """The paper's fine-tuning settings, with any field overridden."""
-    return FinetuneTrainConfig(**overrides)
 
 
 class ExampleBatches:
@@ -225,7 +219,7 @@ def build_gpt(config: FinetuneConfig, tokenizer: Tokenizer, specials: dict[str, 
     return gpt.train()
 
 
-def finetune(config: FinetuneConfig, train: TrainConfig) -> dict:
+def finetune(config: FinetuneConfig, train: FinetuneTrainConfig) -> dict:
     """Fine-tune on a task; keeps the best dev model in ``config.out``; returns its results.
 
     Neither config is changed: the task and step counts derived here live in copies.
@@ -256,12 +250,14 @@ def finetune(config: FinetuneConfig, train: TrainConfig) -> dict:
         train_examples = load_examples(config, "train")[: config.max_train_examples]
         dev_examples = load_examples(config, "dev")
         multiple_choice = config.task == "multiple_choice" and train_examples
+        # A context shorter than the loaded model's (--context-length) bounds the inputs too.
+        context_length = min(config.context_length or gpt.config.context_length, gpt.config.context_length)
         spec = TaskSpec(
             task=config.task,
             labels=infer_labels(train_examples, config.task, config.regression),
             regression=config.regression,
             n_choices=len(train_examples[0].fields["choices"]) if multiple_choice else None,
-            max_length=min(config.max_length or gpt.config.context_length, gpt.config.context_length),
+            max_length=min(config.max_length or context_length, context_length),
             metric=metric,
             specials=specials,
         )

@@ -29,6 +29,7 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
+from gptkit.config import config_error
 from gptkit.hardware import resolve_precision
 from gptkit.io import atomic_write, read_json, read_train_state, write_json
 from gptkit.train.distributed import (
@@ -96,9 +97,11 @@ class TrainConfig:
     )
     compile: bool = field(default=False, metadata={"help": "torch.compile the model."})
     eval_every: int | None = field(
-        default=500, metadata={"help": "Evaluate every N updates (0: only at the end)."}
+        default=500, metadata={"help": "Evaluate every N updates (0 or none: only at the end)."}
     )
-    checkpoint_every: int | None = field(default=1000, metadata={"help": "Checkpoint every N updates."})
+    checkpoint_every: int | None = field(
+        default=1000, metadata={"help": "Checkpoint every N updates (none: only at the end)."}
+    )
     log_every: int = field(default=10, metadata={"help": "Write metrics.jsonl every N updates."})
     keep_checkpoints: int = field(default=2, metadata={"help": "How many recent checkpoints to keep."})
     seed: int = field(default=1337, metadata={"help": "Seed for init, data order and dropout."})
@@ -111,7 +114,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         def fail(name: str, problem: str) -> None:
-            raise ValueError(f"{type(self).__name__}.{name} (--{name.replace('_', '-')}): {problem}")
+            raise config_error(self, name, problem)
 
         for name in ("max_steps", "micro_batch_size", "checkpoint_every"):
             value = getattr(self, name)
@@ -397,8 +400,15 @@ class Trainer:
                         bar.write(
                             f"time budget of {config.time_budget} spent: stopping at update {self.step}"
                         )
+                        # The run is complete as it stands (a resume has nothing left to do): record so,
+                        # also when the deadline came before the plan was made.
                         self.max_steps = self.step
-                        self.plan["stopped_at_deadline"] = True
+                        self.plan.update(
+                            time_budget_s=budget,
+                            planned_steps=self.step,
+                            warmup_steps=self.warmup_steps,
+                            stopped_at_deadline=True,
+                        )
                         if ctx.is_main:
                             self._write_run_config()  # what ran, not what was planned
                 self._after_step(loss, grad_norm, tokens_per_s)
@@ -415,7 +425,7 @@ class Trainer:
             raise KeyboardInterrupt(
                 f"interrupted at step {self.step}; checkpoint saved, continue with --resume"
             )
-        if self.evaluate is not None and config.eval_every == 0:
+        if self.evaluate is not None and not config.eval_every:
             self._evaluate()
         if ctx.is_main:
             plot_metrics(self.out_dir / "metrics.jsonl", self.out_dir / "loss.png")
@@ -545,7 +555,7 @@ class Trainer:
             record = {**(record or {"step": self.step}), **self._evaluate()}
         if record is not None and self.ctx.is_main:
             _append_jsonl(self.out_dir / "metrics.jsonl", record)
-        if self.step % config.checkpoint_every == 0 or last:
+        if (config.checkpoint_every and self.step % config.checkpoint_every == 0) or last:
             self.save_checkpoint()
             if self.ctx.is_main:
                 plot_metrics(self.out_dir / "metrics.jsonl", self.out_dir / "loss.png")

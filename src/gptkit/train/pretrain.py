@@ -12,7 +12,9 @@ import torch
 import torch.nn as nn
 
 from gptkit.checkpoint import CONFIG_NAME, SAFETENSORS_NAME, read_state_dict, save_state_dict
+from gptkit.config import config_error
 from gptkit.data.shards import TokenShard, WindowSampler, eval_windows
+from gptkit.hardware import DEVICE_HELP
 from gptkit.tokenizer import Tokenizer
 from gptkit.train.distributed import init_distributed, shutdown_distributed, wrap_model
 from gptkit.train.loop import TrainConfig, Trainer
@@ -21,7 +23,6 @@ from gptkit.train.run import (
     base_vocab_size,
     build_model,
     check_run_dir,
-    config_error,
     resume_latest,
     run_config,
 )
@@ -32,15 +33,15 @@ class PretrainConfig(ModelShape):
     """What to pre-train on and where to write it; the model's shape (a preset with overrides, or
     ``init`` weights). ``context_length`` is also the length of the training windows."""
 
-    data: str = field(default="", metadata={"help": "Directory written by `gptkit prepare` (required)."})
+    data: str = field(
+        default="", metadata={"help": "Directory written by `gptkit prepare` (default: none; required)."}
+    )
     out: str = field(default="runs/pretrain", metadata={"help": "Run directory."})
     resume: bool = field(
         default=False, metadata={"help": "Continue the run in --out from its latest checkpoint."}
     )
     eval_windows: int = field(default=64, metadata={"help": "Validation windows per evaluation."})
-    device: str = field(
-        default="auto", metadata={"help": "auto (CUDA, then MPS, then CPU), cpu, cuda[:N] or mps."}
-    )
+    device: str = field(default="auto", metadata={"help": DEVICE_HELP})
 
     def __post_init__(self) -> None:
         super().__post_init__()

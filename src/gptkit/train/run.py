@@ -15,15 +15,10 @@ from typing import Any
 
 import torch
 
-from gptkit.config import GPTConfig
+from gptkit.config import GPTConfig, config_error
 from gptkit.model import GPT
 from gptkit.tokenizer import Tokenizer
 from gptkit.train.loop import CHECKPOINTS, Trainer
-
-
-def config_error(config: object, name: str, problem: str) -> ValueError:
-    """An error that names the field, its flag, and what to change."""
-    return ValueError(f"{type(config).__name__}.{name} (--{name.replace('_', '-')}): {problem}")
 
 
 @dataclass
