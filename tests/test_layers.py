@@ -86,3 +86,38 @@ def test_the_allowed_upward_imports_are_lazy():
         for target, lazy in imports(path):
             if (name, target) in ALLOWED_UPWARD:
                 assert lazy, f"{name} imports {target} at module level: an import circle"
+
+
+def test_no_import_circle_at_module_level():
+    """Within a layer too: module-level imports form no cycle (lazy conveniences aside)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        name = module_name(path)
+        graph[name] = {target for target, lazy in imports(path) if not lazy and target != name}
+    known = set(graph)
+
+    def resolve(target: str) -> str | None:  # "gptkit.data.tasks" may name a package's module
+        while target and target not in known:
+            target = target.rpartition(".")[0]
+        return target or None
+
+    visiting, done, cycles = [], set(), []
+
+    def visit(module: str) -> None:
+        if module in done:
+            return
+        if module in visiting:
+            cycles.append(" → ".join([*visiting[visiting.index(module) :], module]))
+            return
+        visiting.append(module)
+        for target in graph.get(module, ()):
+            resolved = resolve(target)
+            # A package's __init__ importing its own modules is how packages work, not a circle.
+            if resolved and not (module == resolved.rpartition(".")[0] or resolved == module):
+                visit(resolved)
+        visiting.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)
+    assert not cycles, "\n".join(cycles)

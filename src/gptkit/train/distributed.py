@@ -111,22 +111,29 @@ def unwrap(wrapped: nn.Module) -> nn.Module:
     return wrapped.module if hasattr(wrapped, "no_sync") and hasattr(wrapped, "module") else wrapped
 
 
-def full_state_dicts(wrapped: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistributedContext):
-    """Whole (unsharded) model and optimizer state on every rank's CPU, keyed by parameter name."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        get_model_state_dict,
-        get_optimizer_state_dict,
-    )
+def _full_options(module: nn.Module, ctx: DistributedContext):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    if not ctx.is_distributed or not hasattr(module, "set_requires_gradient_sync"):
+        return StateDictOptions(full_state_dict=True)
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)  # FSDP2: gathered from the shards
+
+
+def full_model_state_dict(wrapped: nn.Module, ctx: DistributedContext) -> dict[str, torch.Tensor]:
+    """The whole (unsharded) model state, keyed by parameter name; every rank must call it."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     module = unwrap(wrapped)
-    if not ctx.is_distributed or not hasattr(module, "set_requires_gradient_sync"):
-        options = StateDictOptions(full_state_dict=True)
-    else:
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    model_state = get_model_state_dict(module, options=options)
-    optim_state = get_optimizer_state_dict(module, optimizer, options=options)
-    return model_state, optim_state
+    return get_model_state_dict(module, options=_full_options(module, ctx))
+
+
+def full_state_dicts(wrapped: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistributedContext):
+    """Whole (unsharded) model and optimizer state on every rank's CPU, keyed by parameter name."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    module = unwrap(wrapped)
+    optim_state = get_optimizer_state_dict(module, optimizer, options=_full_options(module, ctx))
+    return full_model_state_dict(wrapped, ctx), optim_state
 
 
 def load_full_state_dicts(wrapped: nn.Module, optimizer, model_state, optim_state) -> None:

@@ -45,7 +45,14 @@ from gptkit.task_model import (
     save_task_model,
 )
 from gptkit.tokenizer import Tokenizer
-from gptkit.train.distributed import init_distributed, shutdown_distributed, unwrap, wrap_model
+from gptkit.train.distributed import (
+    DistributedContext,
+    full_model_state_dict,
+    init_distributed,
+    shutdown_distributed,
+    unwrap,
+    wrap_model,
+)
 from gptkit.train.loop import TrainConfig, Trainer
 from gptkit.train.run import (
     ModelShape,
@@ -177,8 +184,8 @@ class ExampleBatches:
 class BestModel:
     """Keeps the model with the best dev score at the top of the run directory (and ``best.json``)."""
 
-    def __init__(self, out_dir: Path, metric: str, save_model, is_main: bool, resume: bool):
-        self.out_dir, self.metric, self.save_model, self.is_main = out_dir, metric, save_model, is_main
+    def __init__(self, out_dir: Path, metric: str, save_model, ctx: DistributedContext, resume: bool):
+        self.out_dir, self.metric, self.save_model, self.ctx = out_dir, metric, save_model, ctx
         self.best: dict = {"score": -math.inf}
         if resume and (out_dir / BEST_NAME).exists():  # the best epoch before the interruption
             self.best.update(read_json(out_dir / BEST_NAME))
@@ -188,8 +195,9 @@ class BestModel:
         if score <= self.best["score"]:
             return
         self.best.update(score=score, step=step, metrics=metrics)
-        if self.is_main:
-            state = {k: v.detach().cpu() for k, v in unwrap(model).state_dict().items()}
+        # Every rank takes part in gathering the state (FSDP shards it); rank 0 writes it.
+        state = {k: v.detach().cpu() for k, v in full_model_state_dict(model, self.ctx).items()}
+        if self.ctx.is_main:
             staging = self.out_dir / ".best.tmp"
             self.save_model(staging, state)
             for name in (CONFIG_NAME, SAFETENSORS_NAME, HEAD_NAME, TASK_NAME):
@@ -299,7 +307,7 @@ def finetune(config: FinetuneConfig, train: FinetuneTrainConfig) -> dict:
             metrics = task_metrics(spec, logits, [e.target for e in encoded_dev])
             return {f"dev_{k}": v for k, v in metrics.items()}
 
-        best = BestModel(out_dir, metric, save_model, ctx.is_main, config.resume)
+        best = BestModel(out_dir, metric, save_model, ctx, config.resume)
         examples = {"train": len(encoded_train), "dev": len(encoded_dev)}
         trainer = Trainer(
             wrap_model(model, ctx, fsdp=train.fsdp),
