@@ -40,6 +40,12 @@ def test_perplexity_equals_brute_force():
     assert lm.perplexity(model, short)["nll"] == pytest.approx(loss, rel=1e-5)
     strided = lm.perplexity(model, ids, stride=8)
     assert strided["tokens"] == 39 and strided["nll"] > 0
+    # Windows scored in batches give what one window at a time gives.
+    one_by_one = lm.perplexity(model, ids, stride=8, batch_size=1)
+    assert strided["nll"] == pytest.approx(one_by_one["nll"], rel=1e-5)
+    assert lm.perplexity(model, ids, stride=3, batch_size=5)["nll"] == pytest.approx(
+        lm.perplexity(model, ids, stride=3, batch_size=1)["nll"], rel=1e-5
+    )
 
 
 def test_continuation_logprob_and_multiple_choice_against_the_models_loss():

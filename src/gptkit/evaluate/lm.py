@@ -47,14 +47,18 @@ def perplexity(
         start += stride
     nll, count = 0.0, 0
     device = next(model.parameters()).device
-    for i in range(0, len(windows), batch_size):
-        for start, end, first_target in windows[i : i + batch_size]:
-            chunk = tokens[start:end].to(device)[None]
-            log_probs = model(chunk).logits[0, :-1].float().log_softmax(-1)
-            targets = chunk[0, 1:]
-            picked = log_probs.gather(1, targets[:, None]).squeeze(1)[first_target - 1 :]
-            nll -= float(picked.sum())
-            count += picked.numel()
+    # Windows of one length run together, batch_size at a time (all but possibly the last are full).
+    for length in sorted({end - start for start, end, _ in windows}):
+        same = [w for w in windows if w[1] - w[0] == length]
+        for i in range(0, len(same), batch_size):
+            batch = same[i : i + batch_size]
+            chunk = torch.stack([tokens[start:end] for start, end, _ in batch]).to(device)  # (B, T)
+            log_probs = model(chunk).logits[:, :-1].float().log_softmax(-1)
+            picked = log_probs.gather(2, chunk[:, 1:, None]).squeeze(2)  # (B, T-1)
+            for row, (_, _, first_target) in enumerate(batch):
+                scored = picked[row, first_target - 1 :]
+                nll -= float(scored.sum())
+                count += scored.numel()
     mean = nll / count
     return {"tokens": count, "nll": mean, "perplexity": math.exp(min(mean, 50.0))}
 
