@@ -1,6 +1,6 @@
 """Greedy decoding speed: new tokens/s for one 32-token prompt and 128 new tokens.
 
-(a) GPT-2-small shape: gptkit (KV cache; fp32 and bf16 weights) against GPT2LMHeadModel with its cache.
+(a) GPT-2-small shape: gptkit (KV cache; fp32, bf16 and int8 weights) against GPT2LMHeadModel with its cache.
 (b) GPT-1 shape: gptkit against OpenAIGPTLMHeadModel (which recomputes the sequence every step).
 Random weights (speed does not depend on them); the token ids are checked equal in fp32.
 bf16 weights are kept on CPUs without native bf16: decoding multiplies vectors by matrices, not the
@@ -16,6 +16,7 @@ import torch
 from common import TIME_LIMIT_S, MeasurementTimeout, comparison, emit, median, skipped, time_limit
 
 from gptkit import GPT
+from gptkit.quantize import quantize_int8
 
 PROMPT, NEW, REPEATS = 32, 128, 3
 
@@ -85,6 +86,15 @@ def main() -> None:
             "greedy new tok/s, GPT-2 small, gptkit bf16 weights",
             name,
             lambda: ours_bf16.generate(prompt, NEW),
+            peer,
+            False,
+        )
+        comparisons.append(row)
+        ours_int8 = quantize_int8(GPT.from_pretrained(tmp))
+        row, _ = compare(
+            "greedy new tok/s, GPT-2 small, gptkit int8 weights (bf16 activations)",
+            name,
+            lambda: ours_int8.generate(prompt, NEW),
             peer,
             False,
         )

@@ -98,6 +98,10 @@ def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
     with torch.no_grad():  # the first window (the whole context) scores its tokens as the model's loss
         first_window_loss = float(model(window, labels=window).loss)
     assert perplexity(model, ids[:64])["nll"] == pytest.approx(first_window_loss, rel=1e-5)
+    # Weight-only int8: the same text scores within 1% of fp32's perplexity.
+    quantized = gptkit("perplexity", "--model", demo / "pretrain", text, "--quantize", "int8")
+    assert quantized.returncode == 0, quantized.stderr
+    assert json.loads(quantized.stdout)["perplexity"] == pytest.approx(report["perplexity"], rel=0.01)
     result = gptkit(
         "zeroshot",
         "--model",

@@ -21,6 +21,7 @@ LAYERS = {
     "gptkit.model": 2,
     "gptkit.checkpoint": 2,
     "gptkit.task_model": 2,
+    "gptkit.quantize": 2,
     "gptkit.train": 3,
     "gptkit.generate": 4,
     "gptkit.textgen": 4,

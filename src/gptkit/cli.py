@@ -191,6 +191,7 @@ class PrepareArgs:
     out: str = _arg("Directory to write the shards to.")
     val_fraction: float = _arg("Share of every document held out for validation (by bytes).", 0.05)
     jsonl_field: str | None = _arg("Read JSONL files, one document per line, from this field.", None)
+    workers: int | None = _arg("Processes that tokenize (default: the CPU cores).", None)
 
 
 @dataclass
@@ -233,6 +234,9 @@ class GenerateArgs:
     seed: int | None = _arg("Random seed, for reproducible samples.", None)
     raw: bool = _arg("Print GPT-1's raw token text (`did n't`) instead of text as written.", False)
     dtype: Literal["auto", "float32", "bfloat16"] = _arg(_DTYPE_HELP, "auto")
+    quantize: Literal["none", "int8"] = _arg(
+        "Weight-only quantization: int8 stores a quarter of fp32's bytes (bf16 activations).", "none"
+    )
     device: str = _arg(DEVICE_HELP, "auto")
 
 
@@ -257,6 +261,9 @@ class ServeArgs:
     )
     model_name: str | None = _arg("The model's name in the API (default: the model directory's name).", None)
     dtype: Literal["auto", "float32", "bfloat16"] = _arg(_DTYPE_HELP, "auto")
+    quantize: Literal["none", "int8"] = _arg(
+        "Weight-only quantization: int8 stores a quarter of fp32's bytes (bf16 activations).", "none"
+    )
     device: str = _arg(DEVICE_HELP, "auto")
 
 
@@ -269,6 +276,9 @@ class PerplexityArgs:
     tokenizer: str | None = _arg("Tokenizer directory (default: the model directory).", None)
     stride: int | None = _arg("Window step (default: half the context).", None)
     dtype: Literal["auto", "float32", "bfloat16"] = _arg(_DTYPE_HELP, "auto")
+    quantize: Literal["none", "int8"] = _arg(
+        "Weight-only quantization: int8 stores a quarter of fp32's bytes (bf16 activations).", "none"
+    )
     device: str = _arg(DEVICE_HELP, "auto")
 
 
@@ -372,7 +382,12 @@ def cmd_prepare(args: PrepareArgs) -> None:
     from gptkit.data.shards import prepare
 
     meta = prepare(
-        args.tokenizer, args.files, args.out, val_fraction=args.val_fraction, jsonl_field=args.jsonl_field
+        args.tokenizer,
+        args.files,
+        args.out,
+        val_fraction=args.val_fraction,
+        jsonl_field=args.jsonl_field,
+        workers=args.workers,
     )
     counts = meta["counts"]
     print(f"wrote {args.out}: {counts['train']:,} training and {counts['val']:,} validation tokens")
@@ -425,7 +440,7 @@ def cmd_generate(args: GenerateArgs) -> None:
     from gptkit.textgen import load_for_generation, stream_text
 
     model, tokenizer = load_for_generation(
-        args.model, args.tokenizer, dtype=args.dtype, device=args.device, verbose=True
+        args.model, args.tokenizer, dtype=args.dtype, device=args.device, verbose=True, quantize=args.quantize
     )
     settings = dict(
         max_new_tokens=args.max_new_tokens,
@@ -477,6 +492,7 @@ def cmd_serve(args: ServeArgs) -> None:
         dtype=args.dtype,
         device=args.device,
         limits=limits,
+        quantize=args.quantize,
     )
 
 
@@ -485,7 +501,13 @@ def cmd_perplexity(args: PerplexityArgs) -> None:
     from gptkit.textgen import load_for_generation
 
     model, tokenizer = load_for_generation(
-        args.model, args.tokenizer, dtype=args.dtype, device=args.device, decoding=False, verbose=True
+        args.model,
+        args.tokenizer,
+        dtype=args.dtype,
+        device=args.device,
+        decoding=False,
+        verbose=True,
+        quantize=args.quantize,
     )
     ids = tokenizer.encode(Path(args.file).read_text(encoding="utf-8"))
     print(json.dumps({"file": args.file, **perplexity(model, ids, stride=args.stride)}))

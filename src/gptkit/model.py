@@ -156,6 +156,9 @@ class GPT(nn.Module):
         self.ln_f = (
             nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.ln_position == "pre" else None
         )
+        # Inference-only replacement of the tied output layer (gptkit.quantize); None: h_n·W_e^T.
+        self.lm_head: nn.Module | None = None
+        self.quantized: str | None = None
         self.apply(self._init_weights)
         for block in self.h:
             self._scale_residual_init(block)
@@ -239,7 +242,9 @@ class GPT(nn.Module):
         if cache is not None:
             cache.advance(T)
 
-        logits = F.linear(x, self.wte.weight) if compute_logits else None  # h_n·W_e^T
+        logits = None
+        if compute_logits:  # h_n·W_e^T
+            logits = self.lm_head(x) if self.lm_head is not None else F.linear(x, self.wte.weight)
         loss = None
         if labels is not None and logits is not None:
             loss = next_token_loss(logits, labels)
@@ -324,6 +329,8 @@ class GPT(nn.Module):
 
     def save_pretrained(self, directory: str | Path) -> None:
         """Write ``config.json`` and ``model.safetensors`` in the Hugging Face format."""
+        if self.quantized:
+            raise ValueError(f"this model is quantized ({self.quantized}) for inference: save the original")
         from gptkit.checkpoint import save_pretrained  # convenience, as in from_pretrained
 
         save_pretrained(self, directory)

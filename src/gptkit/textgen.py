@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 
 from gptkit.generate import generate, stream_ids
-from gptkit.hardware import resolve_device, resolve_inference_dtype
+from gptkit.hardware import Choice, resolve_device, resolve_inference_dtype
 from gptkit.model import GPT
+from gptkit.quantize import QUANTIZATIONS, quantize_int8
 from gptkit.tokenizer import END_OF_TEXT, GPT1_SPECIAL_TOKENS, Tokenizer
 
 # Tokens held back while streaming text: the newest ones may still change how the text reads.
@@ -31,6 +32,7 @@ def load_for_generation(
     device: str = "auto",
     decoding: bool = True,
     verbose: bool = False,
+    quantize: str = "none",
 ) -> tuple[GPT, Tokenizer]:
     """A model in eval mode and its tokenizer, on ``device`` with weights in ``dtype``.
 
@@ -39,13 +41,21 @@ def load_for_generation(
     bf16 instructions; for scoring whole sequences, bf16 only where the hardware multiplies it
     natively. The choice rests on a short measurement, so the same seed may sample differently on
     another machine or under other load: fix ``dtype`` for reproducible samples (the default here,
-    float32, is exact). ``verbose`` prints the choice and its reason.
+    float32, is exact). ``verbose`` prints the choice and its reason. ``quantize="int8"`` stores the
+    weights as int8 with bf16 activations (see :mod:`gptkit.quantize`): for decoding on a CPU.
     """
+    if quantize not in QUANTIZATIONS:
+        raise ValueError(f"quantize must be one of {', '.join(QUANTIZATIONS)}, got {quantize!r}")
     torch_device = resolve_device(device)
-    choice = resolve_inference_dtype(dtype, torch_device, decoding=decoding)
+    if quantize == "int8":
+        choice = Choice("bfloat16", "int8 weights, bf16 activations (--quantize int8)")
+    else:
+        choice = resolve_inference_dtype(dtype, torch_device, decoding=decoding)
     if verbose:
         print(f"device: {torch_device}; dtype: {choice.reason}", file=sys.stderr, flush=True)
     model = GPT.from_pretrained(model_dir, dtype=getattr(torch, choice.value), device=str(torch_device))
+    if quantize == "int8":
+        model = quantize_int8(model)
     tokenizer = Tokenizer.from_pretrained(tokenizer_dir or model_dir)
     return model, tokenizer
 

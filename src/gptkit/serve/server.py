@@ -26,6 +26,7 @@ def run_server(
     dtype: str = "auto",
     device: str = "auto",
     limits: ServeLimits | None = None,
+    quantize: str = "none",
 ) -> None:
     """Serve ``model_dir`` with OpenAI's completions protocol on ``host:port`` until a signal.
 
@@ -41,7 +42,9 @@ def run_server(
     limits = limits or ServeLimits()
     if not 0 < port < 65536:
         raise ValueError(f"port must be in 1..65535, got {port}")
-    model, tokenizer = load_for_generation(model_dir, tokenizer_dir, dtype=dtype, device=device, verbose=True)
+    model, tokenizer = load_for_generation(
+        model_dir, tokenizer_dir, dtype=dtype, device=device, verbose=True, quantize=quantize
+    )
     name = model_name or Path(model_dir).name or "gptkit"
     engine = Engine(model, tokenizer, max_batch=limits.max_batch, max_queue=limits.max_queue)
     app = create_app(
