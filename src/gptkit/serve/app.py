@@ -2,6 +2,8 @@
 
 Routes: ``POST /v1/completions``, ``GET /v1/models``, ``GET /v1/models/{model}`` (these three need the
 API key when one is set), ``GET /health`` and ``GET /metrics``. Every error is OpenAI's error object.
+``GET /`` is the playground page (files in ``static/``, served under ``/static/``); it needs no key, and
+asks for one in a field when the server has one.
 """
 
 from __future__ import annotations
@@ -10,15 +12,18 @@ import asyncio
 import contextlib
 import dataclasses
 import hmac
+import html
+import importlib.resources
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -209,7 +214,54 @@ def create_app(
     async def completions(http: Request) -> Response:
         return await _complete(server, http)
 
+    page, assets = _playground(model_name, api_key is not None, limits.max_tokens_limit)
+
+    @app.get("/")
+    async def playground() -> HTMLResponse:
+        return HTMLResponse(page, headers=_PAGE_HEADERS)
+
+    @app.get("/static/{name}")
+    async def static(name: str) -> Response:
+        if name not in assets:
+            raise StarletteHTTPException(404)
+        content, media_type = assets[name]
+        return Response(content, media_type=media_type, headers=_PAGE_HEADERS)
+
     return app
+
+
+# The playground's files, besides index.html, and their content types.
+_ASSETS = {
+    "playground.js": "text/javascript; charset=utf-8",
+    "playground.css": "text/css; charset=utf-8",
+    "favicon.svg": "image/svg+xml",
+}
+_PAGE_HEADERS = {
+    # Scripts, styles, images and fetches from this origin only: no inline script, nothing from elsewhere.
+    "Content-Security-Policy": (
+        "default-src 'self'; base-uri 'self'; form-action 'self'; frame-ancestors 'self'; object-src 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+
+
+def _playground(
+    model_name: str, key_required: bool, max_tokens: int
+) -> tuple[str, dict[str, tuple[bytes, str]]]:
+    """The page, with this server's settings filled in, and its other files: read once, at startup."""
+    folder = importlib.resources.files("gptkit.serve") / "static"
+    page = (folder / "index.html").read_text(encoding="utf-8")
+    settings = {
+        "model": model_name,
+        "api_key": "required" if key_required else "none",
+        "max_tokens": max_tokens,
+    }
+    # One pass, so that a model name holding "{{...}}" is not filled in again.
+    page = re.sub(r"\{\{(\w+)\}\}", lambda m: html.escape(str(settings[m[1]]), quote=True), page)
+    assets = {name: ((folder / name).read_bytes(), media_type) for name, media_type in _ASSETS.items()}
+    return page, assets
 
 
 async def _api_error(request: Request, error: APIError) -> JSONResponse:
