@@ -191,7 +191,10 @@ class PrepareArgs:
     out: str = _arg("Directory to write the shards to.")
     val_fraction: float = _arg("Share of every document held out for validation (by bytes).", 0.05)
     jsonl_field: str | None = _arg("Read JSONL files, one document per line, from this field.", None)
-    workers: int | None = _arg("Processes that tokenize (default: the CPU cores).", None)
+    workers: int | None = _arg(
+        "Processes that tokenize (default: the CPU cores for GPT-1-style tokenizers, 1 for byte-level).",
+        None,
+    )
 
 
 @dataclass

@@ -13,9 +13,17 @@ sampler is :class:`gptkit.data.sampler.EpochSampler`, which fine-tuning's exampl
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import multiprocessing
 import os
-from collections.abc import Iterator, Sequence
+import shutil
+import sys
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +37,8 @@ from gptkit.tokenizer import END_OF_TEXT, Tokenizer
 
 META_NAME = "meta.json"
 BLOCK_BYTES = 1 << 16  # text is tokenized a block of lines (about 64 kB) at a time
+TASK_BYTES = 1 << 16  # text per task for a worker process (many JSONL documents make one task)
+TASKS_AHEAD = 4  # tasks per worker submitted ahead of the one written next: workers never wait
 
 
 def _decode(lines: list[bytes]) -> str:
@@ -81,6 +91,130 @@ def _dtype_for(vocab: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab <= np.iinfo(np.uint16).max + 1 else np.dtype(np.uint32)
 
 
+def default_workers() -> int:
+    """The CPU cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+# A piece of the corpus, in the order its ids are written: (text, split, bytes read, ends a document).
+# A document's end appends the end-of-text separator; an empty text that ends one is the separator alone.
+_Piece = tuple[str, str, int, bool]
+# What tokenizes a piece: the tokenizer, the separator's ids (none when it has no end-of-text), the dtype.
+_Encoder = tuple[Tokenizer, list[int], np.dtype]
+
+
+def _pieces(files: Sequence[Path], jsonl_field: str | None, val_fraction: float) -> Iterator[_Piece]:
+    """Plain text: blocks of lines, one document per file. JSONL: one document per non-blank line."""
+    for path in files:
+        for text, split, n_bytes in _text_blocks(path, jsonl_field, val_fraction):
+            yield text, split, n_bytes, jsonl_field is not None and bool(text)
+        if jsonl_field is None:
+            yield "", "train", 0, True
+
+
+def _encoder_for(tokenizer: Tokenizer) -> _Encoder:
+    separator = [tokenizer.special_tokens[END_OF_TEXT]] if END_OF_TEXT in tokenizer.special_tokens else []
+    return tokenizer, separator, _dtype_for(len(tokenizer))
+
+
+def _encode(encoder: _Encoder, text: str, ends_document: bool) -> np.ndarray:
+    tokenizer, separator, dtype = encoder
+    ids = tokenizer.encode(text) if text else []
+    if ends_document:
+        ids = ids + separator
+    return np.asarray(ids, dtype=dtype)
+
+
+def _encoded_here(pieces: Iterable[_Piece], encoder: _Encoder) -> Iterator[tuple[str, int, np.ndarray]]:
+    """(split, bytes read, ids) of every piece, tokenized in this process."""
+    for text, split, n_bytes, ends_document in pieces:
+        yield split, n_bytes, _encode(encoder, text, ends_document)
+
+
+# Set in each worker process by _start_worker: its tokenizer, or the error that loading it raised.
+_worker_encoder: _Encoder | Exception | None = None
+
+
+def _start_worker(tokenizer_dir: str) -> None:
+    global _worker_encoder
+    try:
+        _worker_encoder = _encoder_for(Tokenizer.from_pretrained(tokenizer_dir))
+    except Exception as e:  # raised by the first task, so it reaches the main process as it is
+        _worker_encoder = e
+
+
+def _encode_in_worker(texts: list[tuple[str, bool]]) -> list[np.ndarray]:
+    if isinstance(_worker_encoder, Exception):
+        raise _worker_encoder
+    assert _worker_encoder is not None, "_start_worker runs first in every worker"
+    return [_encode(_worker_encoder, text, ends_document) for text, ends_document in texts]
+
+
+def _batches(pieces: Iterable[_Piece]) -> Iterator[list[_Piece]]:
+    """Consecutive pieces, about TASK_BYTES of text a batch."""
+    batch: list[_Piece] = []
+    size = 0
+    for piece in pieces:
+        batch.append(piece)
+        size += len(piece[0])
+        if size >= TASK_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _pool_context() -> multiprocessing.context.BaseContext:
+    """forkserver where the OS has it, else spawn: forking a process that runs torch's threads may hang."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    # Workers fork from one server that imported this module (torch with it) and, if this process
+    # loaded them for GPT-1's tokenizer, spaCy and ftfy: each worker then starts in a fraction of a
+    # second. Missing modules are skipped; the list only counts when the server first starts.
+    preload = [m for m in ("ftfy", "spacy.lang.en") if m.split(".")[0] in sys.modules]
+    context.set_forkserver_preload([__name__, *preload])
+    return context
+
+
+def _encoded_in_pool(
+    pieces: Iterable[_Piece], tokenizer_dir: str, workers: int
+) -> Iterator[tuple[str, int, np.ndarray]]:
+    """(split, bytes read, ids) of every piece in the corpus's order, tokenized by ``workers`` processes.
+
+    Batches are submitted as the corpus is read, at most ``TASKS_AHEAD`` per worker ahead of the one written
+    next, so memory is bounded whatever the corpus size (``Pool.imap`` would read the whole corpus
+    into its task queue). A worker's exception is raised here, unchanged.
+    """
+    in_flight: deque[tuple[list[tuple[str, int]], Future]] = deque()
+    executor = ProcessPoolExecutor(
+        workers, mp_context=_pool_context(), initializer=_start_worker, initargs=(tokenizer_dir,)
+    )
+    try:
+        for batch in _batches(pieces):
+            if len(in_flight) >= TASKS_AHEAD * workers:
+                yield from _results(*in_flight.popleft())
+            texts = [(text, ends_document) for text, _, _, ends_document in batch]
+            labels = [(split, n_bytes) for _, split, n_bytes, _ in batch]
+            in_flight.append((labels, executor.submit(_encode_in_worker, texts)))
+        while in_flight:
+            yield from _results(*in_flight.popleft())
+    except BrokenProcessPool as e:  # a worker died: killed, out of memory, or it could not start
+        raise RuntimeError(
+            f"a tokenizing worker process stopped ({e}); its error, if any, is printed above. "
+            "workers=1 (`gptkit prepare --workers 1`) tokenizes in this process instead"
+        ) from e
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _results(labels: list[tuple[str, int]], result: Future) -> Iterator[tuple[str, int, np.ndarray]]:
+    for (split, n_bytes), ids in zip(labels, result.result(), strict=True):
+        yield split, n_bytes, ids
+
+
 def prepare(
     tokenizer_dir: str | Path,
     files: Sequence[str | Path],
@@ -88,6 +222,7 @@ def prepare(
     val_fraction: float = 0.05,
     jsonl_field: str | None = None,
     show_progress: bool = True,
+    workers: int | None = None,
 ) -> dict:
     """Tokenize ``files`` into ``out_dir`` (train.bin, val.bin, meta.json, tokenizer/).
 
@@ -95,9 +230,16 @@ def prepare(
     whole lines) goes to the validation split. With ``jsonl_field``, every line of a file is a
     document (that field's text) and every ⌈1/val_fraction⌉-th document is held out. Documents are
     separated by the end-of-text token when the tokenizer has one.
+
+    ``workers`` processes tokenize (default: the CPU cores this process may use for GPT-1's slow
+    spaCy-based tokenizer, 1 for the byte-level one, which one process outran 2 workers on the
+    Gutenberg books: benchmarks/prepare_throughput.py; 1 tokenizes in this process). The shards are
+    byte for byte the same for any number of workers.
     """
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
     files = [Path(f) for f in files]
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
@@ -105,32 +247,35 @@ def prepare(
     if not files:
         raise ValueError("no corpus files given")
     tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
-    dtype = _dtype_for(len(tokenizer))
-    separator = [tokenizer.special_tokens[END_OF_TEXT]] if END_OF_TEXT in tokenizer.special_tokens else []
+    if workers is None:
+        workers = default_workers() if tokenizer.style == "gpt1" else 1
+    encoder = _encoder_for(tokenizer)
+    dtype = encoder[2]
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(out_dir / "tokenizer")
 
+    total_bytes = sum(f.stat().st_size for f in files)
+    workers = min(workers, -(-total_bytes // BLOCK_BYTES))  # no more workers than blocks of text
+    pieces = _pieces(files, jsonl_field, val_fraction)
+    if workers > 1:
+        encoded = _encoded_in_pool(pieces, str(Path(tokenizer_dir).resolve()), workers)
+    else:
+        encoded = _encoded_here(pieces, encoder)
     counts = {"train": 0, "val": 0}
     tmp_paths = {split: out_dir / f".{split}.bin.tmp" for split in counts}
     handles = {split: open(path, "wb") for split, path in tmp_paths.items()}
-    total_bytes = sum(f.stat().st_size for f in files)
     try:
-        with tqdm(
-            total=total_bytes, unit="B", unit_scale=True, desc="tokenizing", disable=not show_progress
-        ) as bar:
-            for path in files:
-                for text, split, n_bytes in _text_blocks(path, jsonl_field, val_fraction):
-                    ids = tokenizer.encode(text) if text else []
-                    if jsonl_field is not None and text:
-                        ids = ids + separator  # one document per line
-                    array = np.asarray(ids, dtype=dtype)
-                    handles[split].write(array.tobytes())
-                    counts[split] += array.size
-                    bar.update(n_bytes)
-                if jsonl_field is None and separator:  # one document per file
-                    handles["train"].write(np.asarray(separator, dtype=dtype).tobytes())
-                    counts["train"] += len(separator)
+        with (
+            contextlib.closing(encoded),  # on an error, the pool's workers stop at once
+            tqdm(
+                total=total_bytes, unit="B", unit_scale=True, desc="tokenizing", disable=not show_progress
+            ) as bar,
+        ):
+            for split, n_bytes, ids in encoded:
+                handles[split].write(ids.tobytes())
+                counts[split] += ids.size
+                bar.update(n_bytes)
     except BaseException:
         for handle in handles.values():
             handle.close()
@@ -294,3 +439,94 @@ def eval_windows(shard: TokenShard, context_length: int, max_windows: int | None
     if n == 0:
         return torch.zeros(0, context_length, dtype=torch.long)
     return torch.stack([shard.window(i, context_length) for i in range(n)])
+
+
+def _tokenizer_digest(directory: Path) -> str:
+    """A digest of a tokenizer directory's files (names and bytes)."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(directory)).encode() + b"\0")
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _check_same_tokenizer(shard_dirs: list[Path], metas: list[dict]) -> None:
+    first_dir, first = shard_dirs[0], metas[0]
+    first_digest = _tokenizer_digest(first_dir / first["tokenizer"])
+    for directory, meta in zip(shard_dirs[1:], metas[1:]):
+        for name in ("tokenizer_style", "vocab_size", "n_special", "dtype"):
+            if meta[name] != first[name]:
+                raise ValueError(
+                    f"{directory / META_NAME}: {name} is {meta[name]!r}, but {first_dir / META_NAME} has "
+                    f"{first[name]!r}: only shards prepared with the same tokenizer can be combined"
+                )
+        if _tokenizer_digest(directory / meta["tokenizer"]) != first_digest:
+            raise ValueError(
+                f"{directory / meta['tokenizer']}: not the same tokenizer as {first_dir / first['tokenizer']}: "
+                "only shards prepared with the same tokenizer can be combined"
+            )
+
+
+def _agreed(metas: list[dict], name: str) -> object:
+    """A meta.json field shared by every part, or None where they differ."""
+    values = [meta.get(name) for meta in metas]
+    return values[0] if all(value == values[0] for value in values) else None
+
+
+def combine(shard_dirs: Sequence[str | Path], out_dir: str | Path, show_progress: bool = True) -> dict:
+    """One training set from the shards of several ``prepare`` runs (one per part of a corpus).
+
+    ``out_dir/train.bin`` is the parts' ``train.bin`` one after the other, in the order given, and
+    likewise ``val.bin``; ``meta.json`` sums their counts. The parts must share their tokenizer (its
+    files are compared) and dtype. Files are copied in blocks: memory does not grow with the shards.
+    """
+    shard_dirs = [Path(d) for d in shard_dirs]
+    if not shard_dirs:
+        raise ValueError("no prepared directories given to combine")
+    out_dir = Path(out_dir)
+    if out_dir.resolve() in {d.resolve() for d in shard_dirs}:
+        raise ValueError(f"{out_dir}: the combined shards must go to a directory other than the parts")
+    metas = [read_meta(d) for d in shard_dirs]
+    _check_same_tokenizer(shard_dirs, metas)
+    for directory in shard_dirs:  # sizes must match meta.json before anything is written
+        for split in ("train", "val"):
+            TokenShard.open(directory, split)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(shard_dirs[0] / metas[0]["tokenizer"], out_dir / "tokenizer", dirs_exist_ok=True)
+    splits = ("train", "val")
+    tmp_paths = {split: out_dir / f".{split}.bin.tmp" for split in splits}
+    total_bytes = sum(
+        (d / f"{s}.bin").stat().st_size for d in shard_dirs for s in splits if (d / f"{s}.bin").exists()
+    )
+    try:
+        with tqdm(
+            total=total_bytes, unit="B", unit_scale=True, desc="combining", disable=not show_progress
+        ) as bar:
+            for split in splits:
+                with open(tmp_paths[split], "wb") as out:
+                    for directory in shard_dirs:
+                        path = directory / f"{split}.bin"
+                        if path.exists():  # an empty split may have no file
+                            with open(path, "rb") as part:
+                                shutil.copyfileobj(part, out, 1 << 20)
+                            bar.update(path.stat().st_size)
+    except BaseException:
+        for path in tmp_paths.values():
+            path.unlink(missing_ok=True)
+        raise
+    for split in splits:
+        os.replace(tmp_paths[split], out_dir / f"{split}.bin")
+    first = metas[0]
+    meta = {
+        "tokenizer": "tokenizer",
+        **{name: first[name] for name in ("tokenizer_style", "vocab_size", "n_special", "dtype")},
+        "counts": {split: sum(meta["counts"][split] for meta in metas) for split in splits},
+        "files": [f for meta in metas for f in meta.get("files", [])],
+        "val_fraction": _agreed(metas, "val_fraction"),
+        "jsonl_field": _agreed(metas, "jsonl_field"),
+        "parts": [str(d) for d in shard_dirs],
+    }
+    write_json(out_dir / META_NAME, meta)
+    return meta
