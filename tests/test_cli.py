@@ -257,3 +257,20 @@ def test_bad_config_values_are_one_line_errors(tmp_path):
     )
     result = gptkit("finetune", "--dataset", "sst2", "--epochs", "0")
     assert result.returncode == 2 and "FinetuneConfig.epochs (--epochs): must be positive" in result.stderr
+
+
+def test_prepare_command_writes_the_shards_prepare_writes(data_dir, tmp_path):
+    from gptkit.data.shards import prepare
+
+    book = data_dir / "gutenberg" / "pg11.txt"
+    result = gptkit(
+        "prepare", "--tokenizer", data_dir / "gpt2_bpe", "--out", tmp_path / "cli", book, "--workers", "2"
+    )
+    assert result.returncode == 0, result.stderr
+    prepare(data_dir / "gpt2_bpe", [book], tmp_path / "lib", show_progress=False, workers=1)
+    for name in ("train.bin", "val.bin"):
+        assert (tmp_path / "cli" / name).read_bytes() == (tmp_path / "lib" / name).read_bytes()
+    assert (
+        f"{json.loads((tmp_path / 'lib' / 'meta.json').read_text())['counts']['train']:,} training"
+        in result.stdout
+    )
