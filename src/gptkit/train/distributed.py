@@ -132,8 +132,9 @@ def full_state_dicts(wrapped: nn.Module, optimizer: torch.optim.Optimizer, ctx: 
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     module = unwrap(wrapped)
+    model_state = full_model_state_dict(wrapped, ctx)  # first: as torch's own examples order them
     optim_state = get_optimizer_state_dict(module, optimizer, options=_full_options(module, ctx))
-    return full_model_state_dict(wrapped, ctx), optim_state
+    return model_state, optim_state
 
 
 def load_full_state_dicts(wrapped: nn.Module, optimizer, model_state, optim_state) -> None:
