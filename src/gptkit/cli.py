@@ -219,7 +219,24 @@ class PredictArgs(LabelledDataArgs):
 
 
 @dataclass
-class GenerateArgs:
+class InferenceArgs:
+    """How a model runs: where, and with which weights (shared by generate, serve and perplexity)."""
+
+    dtype: Literal["auto", "float32", "bfloat16"] = field(
+        default="auto", kw_only=True, metadata={"help": _DTYPE_HELP}
+    )
+    quantize: Literal["none", "int8"] = field(
+        default="none",
+        kw_only=True,
+        metadata={
+            "help": "Weight-only quantization: int8 stores a quarter of fp32's bytes (bf16 activations)."
+        },
+    )
+    device: str = field(default="auto", kw_only=True, metadata={"help": DEVICE_HELP})
+
+
+@dataclass
+class GenerateArgs(InferenceArgs):
     """Generate text from a prompt, printing it as it is decoded."""
 
     model: str = _arg("Model directory (HF, gptkit or converted GPT-1 release) or hub name.")
@@ -236,15 +253,10 @@ class GenerateArgs:
     num_samples: int = _arg("Samples per prompt.", 1)
     seed: int | None = _arg("Random seed, for reproducible samples.", None)
     raw: bool = _arg("Print GPT-1's raw token text (`did n't`) instead of text as written.", False)
-    dtype: Literal["auto", "float32", "bfloat16"] = _arg(_DTYPE_HELP, "auto")
-    quantize: Literal["none", "int8"] = _arg(
-        "Weight-only quantization: int8 stores a quarter of fp32's bytes (bf16 activations).", "none"
-    )
-    device: str = _arg(DEVICE_HELP, "auto")
 
 
 @dataclass
-class ServeArgs:
+class ServeArgs(InferenceArgs):
     """Serve a model over HTTP with OpenAI's completions protocol (continuous batching)."""
 
     model: str = _arg("Model directory (HF, gptkit or converted GPT-1 release) or hub name.")
@@ -263,26 +275,16 @@ class ServeArgs:
         "Allow browser pages from these origins (default: none, CORS off).", None, metavar="ORIGIN"
     )
     model_name: str | None = _arg("The model's name in the API (default: the model directory's name).", None)
-    dtype: Literal["auto", "float32", "bfloat16"] = _arg(_DTYPE_HELP, "auto")
-    quantize: Literal["none", "int8"] = _arg(
-        "Weight-only quantization: int8 stores a quarter of fp32's bytes (bf16 activations).", "none"
-    )
-    device: str = _arg(DEVICE_HELP, "auto")
 
 
 @dataclass
-class PerplexityArgs:
+class PerplexityArgs(InferenceArgs):
     """Perplexity of a text file under a model (strided sliding window)."""
 
     file: str = _arg("Text file to score.", positional=True)
     model: str = _arg("Model directory or hub name.")
     tokenizer: str | None = _arg("Tokenizer directory (default: the model directory).", None)
     stride: int | None = _arg("Window step (default: half the context).", None)
-    dtype: Literal["auto", "float32", "bfloat16"] = _arg(_DTYPE_HELP, "auto")
-    quantize: Literal["none", "int8"] = _arg(
-        "Weight-only quantization: int8 stores a quarter of fp32's bytes (bf16 activations).", "none"
-    )
-    device: str = _arg(DEVICE_HELP, "auto")
 
 
 @dataclass
