@@ -50,6 +50,36 @@ def compare(what: str, peer: str, ours_fn, peer_fn, same_ids: bool) -> tuple[dic
     return comparison(what, "tok/s", ours_tps, peer, peer_tps), peer_tps
 
 
+def memory_bandwidth() -> float:
+    """Bytes per second this machine moves in a large copy (read + write), best of 5: the limit that
+    a decoding step, which reads every weight once, runs into."""
+    source = torch.ones(64 * 2**20)  # 256 MB, far past the caches
+    target = torch.empty_like(source)
+    target.copy_(source)
+    best = min(timed(lambda: target.copy_(source))[0] for _ in range(5))
+    return 2 * source.nbytes / best
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the weights one decoding step reads (parameters and int8 buffers; the position
+    table counts in full, a slight overcount)."""
+    tensors = [*model.parameters(), *(b for b in model.buffers() if b.dtype == torch.int8)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def bandwidth_rows(rows: list[dict], models: list[torch.nn.Module], peer_bytes: int, bandwidth: float):
+    """Each decoding comparison again as the fraction of memory bandwidth its tokens/s reach."""
+    out = []
+    for row, model in zip(rows, models):
+        if row.get("ratio") is None:
+            continue
+        ours = weight_bytes(model) * row["ours"] / bandwidth
+        peer = peer_bytes * row["peer_value"] / bandwidth
+        what = row["what"].replace("greedy new tok/s", "memory-bandwidth fraction")
+        out.append(comparison(what, "fraction of memory bandwidth", ours, row["peer"], peer))
+    return out
+
+
 @torch.no_grad()
 def main() -> None:
     import tempfile
@@ -99,6 +129,9 @@ def main() -> None:
             False,
         )
         comparisons.append(row)
+        bandwidth = memory_bandwidth()
+        peer_bytes = sum(p.numel() * p.element_size() for p in reference.parameters())
+        comparisons += bandwidth_rows(comparisons[-3:], [ours, ours_bf16, ours_int8], peer_bytes, bandwidth)
         del reference, ours, ours_bf16
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -128,7 +161,13 @@ def main() -> None:
                 comparisons.append(comparison(what, "tok/s", bf16_tps, name, peer_tps))
             except MeasurementTimeout as e:
                 comparisons.append(skipped(what, "tok/s", name, f"the measurement {e}"))
-    emit("generate_throughput", comparisons, prompt_tokens=PROMPT, new_tokens=NEW)
+    emit(
+        "generate_throughput",
+        comparisons,
+        prompt_tokens=PROMPT,
+        new_tokens=NEW,
+        memory_bandwidth_gb_s=round(bandwidth / 1e9, 1),
+    )
 
 
 if __name__ == "__main__":

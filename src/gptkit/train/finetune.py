@@ -227,19 +227,39 @@ def build_gpt(config: FinetuneConfig, tokenizer: Tokenizer, specials: dict[str, 
     return gpt.train()
 
 
+def with_dataset_task(config: FinetuneConfig) -> tuple[FinetuneConfig, str]:
+    """A copy of ``config`` with the public dataset's task filled in, and the metric to keep the best by."""
+    if config.dataset and config.dataset in DATASETS:
+        known = DATASETS[config.dataset]
+        task, regression = config.task or known.task, config.regression or known.regression
+        return dataclasses.replace(config, task=task, regression=regression), known.metric
+    return config, "pearson" if config.regression else "accuracy"
+
+
+def task_spec(
+    config: FinetuneConfig, examples: list[Example], gpt: GPT, specials: dict[str, int], metric: str
+) -> TaskSpec:
+    """The task as the model will know it: layout, labels from the training rows, input limit."""
+    # A context shorter than the loaded model's (--context-length) bounds the inputs too.
+    context_length = min(config.context_length or gpt.config.context_length, gpt.config.context_length)
+    multiple_choice = config.task == "multiple_choice" and examples
+    return TaskSpec(
+        task=config.task,
+        labels=infer_labels(examples, config.task, config.regression),
+        regression=config.regression,
+        n_choices=len(examples[0].fields["choices"]) if multiple_choice else None,
+        max_length=min(config.max_length or context_length, context_length),
+        metric=metric,
+        specials=specials,
+    )
+
+
 def finetune(config: FinetuneConfig, train: FinetuneTrainConfig) -> dict:
     """Fine-tune on a task; keeps the best dev model in ``config.out``; returns its results.
 
     Neither config is changed: the task and step counts derived here live in copies.
     """
-    if config.dataset and config.dataset in DATASETS:
-        known = DATASETS[config.dataset]
-        config = dataclasses.replace(
-            config, task=config.task or known.task, regression=config.regression or known.regression
-        )
-        metric = known.metric
-    else:
-        metric = "pearson" if config.regression else "accuracy"
+    config, metric = with_dataset_task(config)
     if not config.task:
         raise config_error(config, "task", "is required (or --dataset NAME)")
     tokenizer_dir = config.tokenizer or config.init
@@ -257,18 +277,7 @@ def finetune(config: FinetuneConfig, train: FinetuneTrainConfig) -> dict:
 
         train_examples = load_examples(config, "train")[: config.max_train_examples]
         dev_examples = load_examples(config, "dev")
-        multiple_choice = config.task == "multiple_choice" and train_examples
-        # A context shorter than the loaded model's (--context-length) bounds the inputs too.
-        context_length = min(config.context_length or gpt.config.context_length, gpt.config.context_length)
-        spec = TaskSpec(
-            task=config.task,
-            labels=infer_labels(train_examples, config.task, config.regression),
-            regression=config.regression,
-            n_choices=len(train_examples[0].fields["choices"]) if multiple_choice else None,
-            max_length=min(config.max_length or context_length, context_length),
-            metric=metric,
-            specials=specials,
-        )
+        spec = task_spec(config, train_examples, gpt, specials, metric)
         encode = tokenizer.encode
         encoded_train, skipped_train = encode_examples(
             train_examples, spec, encode, skip_bad_rows=config.skip_bad_rows
