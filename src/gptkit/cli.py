@@ -587,6 +587,10 @@ class Command:
     configs: tuple[type, ...]
     run: Callable[..., None]
     config_file: bool = False  # --config FILE for the training commands
+    summary: str = ""  # the help line; by default the first line of the first config's docstring
+
+    def help(self) -> str:
+        return self.summary or (self.configs[0].__doc__ or "").strip().split("\n")[0]
 
 
 def _commands() -> list[Command]:
@@ -600,8 +604,20 @@ def _commands() -> list[Command]:
         Command("tokenizer train", (TokenizerTrainArgs,), cmd_tokenizer_train),
         Command("tokenize", (TokenizeArgs,), cmd_tokenize),
         Command("prepare", (PrepareArgs,), cmd_prepare),
-        Command("pretrain", (PretrainConfig, TrainConfig), cmd_pretrain, config_file=True),
-        Command("finetune", (FinetuneConfig, FinetuneTrainConfig), cmd_finetune, config_file=True),
+        Command(
+            "pretrain",
+            (PretrainConfig, TrainConfig),
+            cmd_pretrain,
+            config_file=True,
+            summary="Pre-train a GPT (L1) on prepared token shards.",
+        ),
+        Command(
+            "finetune",
+            (FinetuneConfig, FinetuneTrainConfig),
+            cmd_finetune,
+            config_file=True,
+            summary="Fine-tune on a labelled task (L3 = L2 + λ·L1), with the paper's defaults.",
+        ),
         Command("evaluate", (LabelledDataArgs,), cmd_evaluate),
         Command("predict", (PredictArgs,), cmd_predict),
         Command("generate", (GenerateArgs,), cmd_generate),
@@ -617,10 +633,6 @@ def _commands() -> list[Command]:
 _GROUPS = {"tokenizer": "Tokenizer tools.", "data": "Sample datasets.", "analyze": "Analyses of a model."}
 
 
-def _summary(cls) -> str:
-    return (cls.__doc__ or "").strip().split("\n")[0]
-
-
 def build_parser() -> argparse.ArgumentParser:
     from gptkit import __version__
 
@@ -629,11 +641,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     groups: dict[str, argparse._SubParsersAction] = {}
     for command in _commands():
-        summary = _summary(command.configs[0])
-        if command.name == "pretrain":
-            summary = "Pre-train a GPT (L1) on prepared token shards."
-        if command.name == "finetune":
-            summary = "Fine-tune on a labelled task (L3 = L2 + λ·L1), with the paper's defaults."
+        summary = command.help()
         group, _, action = command.name.partition(" ")
         if action:
             if group not in groups:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -14,6 +16,22 @@ def config_error(config: object, name: str, problem: str) -> ValueError:
     """The error of a config field that fails its check: it names the field, its flag, and what to
     change, e.g. ``TrainConfig.lr (--lr): must be > 0, got 0``."""
     return ValueError(f"{type(config).__name__}.{name} (--{name.replace('_', '-')}): {problem}")
+
+
+def check_choices(config: object) -> None:
+    """Every field annotated ``Literal[...]`` (or ``Literal[...] | None``) holds one of its values:
+    the choices are read from the annotation, never written out twice."""
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        hint, optional = hints[f.name], False
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(hint) if a is not type(None)]
+            hint, optional = args[0], len(args) < len(typing.get_args(hint))
+        if typing.get_origin(hint) is not Literal:
+            continue
+        value, allowed = getattr(config, f.name), typing.get_args(hint)
+        if value not in allowed and not (optional and value is None):
+            raise config_error(config, f.name, f"must be one of {', '.join(allowed)}, got {value!r}")
 
 
 LNPosition = Literal["post", "pre"]

@@ -130,26 +130,28 @@ def stream_text(
         return (text[: min(cuts)], True) if cuts else (text, False)
 
     new_ids: list[int] = []
+    recent: list[str] = []  # the text after each of the last HOLD_BACK + 1 tokens, oldest first
     emitted = ""
     for step in stream_ids(model, torch.tensor([ids], device=device), max_new_tokens, **kwargs):
         token = int(step[0])
         if token == eos:
             break
         new_ids.append(token)
-        text, stopped = cut_at_stop(continuation(new_ids))
+        recent = [*recent[-HOLD_BACK:], continuation(new_ids)]
+        text, stopped = cut_at_stop(recent[-1])
         if stopped:
             break
         # Text can still change while its last tokens are the newest: half a UTF-8 character, or a
         # joining rule of GPT-1's detokenizer ("well -" becomes "well-known"). Emit only what the
         # text shared before the last HOLD_BACK tokens arrived: that much no longer changes.
-        stable = continuation(new_ids[:-HOLD_BACK]) if len(new_ids) > HOLD_BACK else ""
+        stable = recent[0] if len(recent) > HOLD_BACK else ""
         stable_length = len(os.path.commonprefix([text, stable]))
         while stable_length and text[stable_length - 1] == "\ufffd":  # a character still arriving
             stable_length -= 1
         if stable_length > len(emitted) and text.startswith(emitted):
             yield text[len(emitted) : stable_length]
             emitted = text[:stable_length]
-    text, _ = cut_at_stop(continuation(new_ids))
+    text, _ = cut_at_stop(recent[-1] if recent else "")
     text = text.removesuffix("\ufffd")  # a character cut short by the end of generation
     if text.startswith(emitted) and len(text) > len(emitted):
         yield text[len(emitted) :]

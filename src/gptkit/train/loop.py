@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-from gptkit.config import config_error
+from gptkit.config import check_choices, config_error
 from gptkit.hardware import resolve_precision
 from gptkit.io import atomic_write, read_json, read_train_state, write_json
 from gptkit.train.distributed import (
@@ -156,14 +156,7 @@ class TrainConfig:
                 fail(name, f"must be in [0, 1), got {getattr(self, name)}")
         if not self.eps > 0:
             fail("eps", f"must be > 0, got {self.eps}")
-        choices = {
-            "schedule": ("cosine", "linear", "constant"),
-            "precision": ("auto", "fp32", "bf16"),
-            "on_nonfinite": ("stop", "skip"),
-        }
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                fail(name, f"must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        check_choices(self)  # schedule, precision, on_nonfinite: from their Literal annotations
         if self.time_budget is not None:
             parse_duration(self.time_budget)  # raises with the expected form
 

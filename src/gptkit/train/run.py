@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from gptkit.config import GPTConfig, config_error
+from gptkit.config import Activation, GPTConfig, PositionEncoding, check_choices, config_error
 from gptkit.model import GPT
 from gptkit.tokenizer import Tokenizer
 from gptkit.train.loop import CHECKPOINTS, Trainer
@@ -39,8 +39,12 @@ class ModelShape:
     dropout: float | None = field(
         default=None, metadata={"help": "Override the dropout rate (also of loaded weights)."}
     )
-    position_encoding: str | None = field(default=None, metadata={"help": "learned or sinusoidal."})
-    activation: str | None = field(default=None, metadata={"help": "gelu_tanh, gelu or relu."})
+    position_encoding: PositionEncoding | None = field(
+        default=None, metadata={"help": "Override the preset's position encoding."}
+    )
+    activation: Activation | None = field(
+        default=None, metadata={"help": "Override the preset's activation."}
+    )
 
     def __post_init__(self) -> None:
         for name in ("context_length", "n_layer", "n_head", "d_model"):
@@ -49,12 +53,7 @@ class ModelShape:
                 raise config_error(self, name, f"must be positive, got {value}")
         if self.dropout is not None and not 0.0 <= self.dropout < 1.0:
             raise config_error(self, "dropout", f"must be in [0, 1), got {self.dropout}")
-        if self.position_encoding not in (None, "learned", "sinusoidal"):
-            raise config_error(
-                self, "position_encoding", f"learned or sinusoidal, got {self.position_encoding!r}"
-            )
-        if self.activation not in (None, "gelu_tanh", "gelu", "relu"):
-            raise config_error(self, "activation", f"gelu_tanh, gelu or relu, got {self.activation!r}")
+        check_choices(self)  # position_encoding, activation: GPTConfig's own Literal types
 
     _OVERRIDES = (
         "context_length",
