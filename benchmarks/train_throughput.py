@@ -170,7 +170,7 @@ def not_native(precision: str) -> str | None:
     from gptkit.hardware import bf16_native
 
     native = bf16_native(torch.device("cpu"))
-    if precision == "bf16" and native.value == "no":
+    if precision == "bf16" and not native.native:
         return f"no native bf16: {native.reason}"
     return None
 

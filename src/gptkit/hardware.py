@@ -43,6 +43,14 @@ _ONEDNN_BF16_ISAS = {
 
 
 @dataclass(frozen=True)
+class Support:
+    """Whether the hardware does something natively, and why (for the message)."""
+
+    native: bool
+    reason: str
+
+
+@dataclass(frozen=True)
 class Choice:
     """A decision and why it was taken, to print once."""
 
@@ -81,26 +89,26 @@ def cpu_capability() -> dict[str, object]:
     }
 
 
-def cpu_bf16_native() -> Choice:
+def cpu_bf16_native() -> Support:
     """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX, not capped by ONEDNN_MAX_CPU_ISA)."""
     info = cpu_capability()
     if not (info["avx512_bf16"] or info["amx"]):
-        return Choice("no", f"this CPU ({info['aten_capability']}) has no AVX512-BF16 or AMX instructions")
+        return Support(False, f"this CPU ({info['aten_capability']}) has no AVX512-BF16 or AMX instructions")
     isa = (info["onednn_max_cpu_isa"] or "ALL").upper()
     if isa not in _ONEDNN_BF16_ISAS:
-        return Choice("no", f"ONEDNN_MAX_CPU_ISA={isa} keeps oneDNN from the CPU's bf16 instructions")
-    return Choice("yes", "this CPU has " + ("AMX" if info["amx"] else "AVX512-BF16"))
+        return Support(False, f"ONEDNN_MAX_CPU_ISA={isa} keeps oneDNN from the CPU's bf16 instructions")
+    return Support(True, "this CPU has " + ("AMX" if info["amx"] else "AVX512-BF16"))
 
 
-def bf16_native(device: torch.device) -> Choice:
+def bf16_native(device: torch.device) -> Support:
     """Whether ``device`` computes bf16 matrix products natively, and why."""
     if device.type == "cuda":
         if torch.cuda.is_bf16_supported(including_emulation=False):
-            return Choice("yes", f"{torch.cuda.get_device_name(device)} supports bf16")
-        return Choice("no", f"{torch.cuda.get_device_name(device)} has no native bf16")
+            return Support(True, f"{torch.cuda.get_device_name(device)} supports bf16")
+        return Support(False, f"{torch.cuda.get_device_name(device)} has no native bf16")
     if device.type == "cpu":
         return cpu_bf16_native()
-    return Choice("no", f"{device.type} runs fp32 in gptkit (bf16 there is untested)")
+    return Support(False, f"{device.type} runs fp32 in gptkit (bf16 there is untested)")
 
 
 def resolve_precision(precision: str, device: torch.device) -> Choice:
@@ -112,10 +120,10 @@ def resolve_precision(precision: str, device: torch.device) -> Choice:
         raise ValueError(f"precision must be auto, fp32 or bf16, got {precision!r}")
     native = bf16_native(device)
     if precision == "auto":
-        if native.value == "yes":
+        if native.native:
             return Choice("bf16", f"auto: bf16 autocast, since {native.reason}")
         return Choice("fp32", f"auto: fp32, since {native.reason}")
-    if precision == "bf16" and native.value == "no":
+    if precision == "bf16" and not native.native:
         warnings.warn(
             f"--precision bf16 on hardware without native bf16 ({native.reason}): matrix products take a "
             "slow path, measured 30-65x slower than fp32 on such CPUs; --precision auto picks fp32 here",
@@ -164,14 +172,14 @@ def resolve_inference_dtype(dtype: str | None, device: torch.device, decoding: b
         measured = f"bf16 weights measured {speedup:.2f}x fp32's speed for decoding on this CPU"
         return Choice("bfloat16" if faster else "float32", f"auto: {measured}")
     native = bf16_native(device)
-    if native.value == "yes":
+    if native.native:
         return Choice("bfloat16", f"auto: bfloat16, since {native.reason}")
     return Choice("float32", f"auto: float32, since {native.reason}")
 
 
 def describe(device: torch.device | None = None) -> dict[str, object]:
     """The hardware facts a benchmark or a run records: CPU capability, and the GPU when there is one."""
-    info: dict[str, object] = {"cpu": cpu_capability(), "cpu_bf16_native": cpu_bf16_native().value == "yes"}
+    info: dict[str, object] = {"cpu": cpu_capability(), "cpu_bf16_native": cpu_bf16_native().native}
     if torch.cuda.is_available():
         info["gpu"] = {
             "name": torch.cuda.get_device_name(0),
