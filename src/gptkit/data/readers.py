@@ -1,7 +1,7 @@
 """Labelled data: the public benchmark files as published, and any CSV/TSV/JSONL file of yours.
 
-Every reader returns ``Example``s that remember their file and line, so a bad row is reported
-where it is. Fields by task:
+Every reader returns ``Example``s that remember their file and line (RACE: file and question), so
+a bad row is reported where it is. Fields by task:
 
     classification    text                     label
     entailment        premise, hypothesis      label
@@ -9,8 +9,8 @@ where it is. Fields by task:
     multiple_choice   context, choices (list)  label (the index of the right choice)
                       question (optional)
 
-A question (RACE-style: story, question, answers) is read from your own files only; the public
-readers have none (Story Cloze asks nothing, MCTest's statements merge question and answer).
+A question (story, question, answers) comes from RACE and from your own files; Story Cloze asks
+nothing, and MCTest's statements merge question and answer.
 """
 
 from __future__ import annotations
@@ -85,17 +85,8 @@ def _rows(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
     """(line number, row) of a CSV/TSV with a header, or a JSONL file. BOMs and CRLF are handled."""
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
-        with open(path, encoding="utf-8-sig") as f:
-            for line_number, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}, line {line_number}: not valid JSON ({e.msg})") from e
-                if not isinstance(record, dict):
-                    raise DataError(f"{path}, line {line_number}: expected a JSON object")
-                yield line_number, {k: v if isinstance(v, str) else json.dumps(v) for k, v in record.items()}
+        for line_number, record in _json_lines(path):
+            yield line_number, {k: v if isinstance(v, str) else json.dumps(v) for k, v in record.items()}
         return
     with open(path, encoding="utf-8-sig", newline="") as f:
         if suffix == ".tsv":
@@ -293,32 +284,270 @@ def read_mctest(statements: Path) -> list[Example]:
     return out
 
 
+# The other GPT-1 benchmarks: SNLI, MultiNLI, QNLI, SciTail, QQP, RACE ------------------------------
+
+NLI_LABELS = ("entailment", "neutral", "contradiction")
+QNLI_LABELS = ("entailment", "not_entailment")
+SCITAIL_LABELS = ("entails", "neutral")
+QQP_LABELS = ("0", "1")
+RACE_LEVELS = ("middle", "high")  # the order a whole split is read in
+NO_GOLD_LABEL = "-"  # SNLI-style files: the annotators reached no majority
+
+
+def _json_lines(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) of a JSON-lines file; a line that is no JSON object is a DataError."""
+    for n, line in _lines(path):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}, line {n}: not valid JSON ({e.msg}, column {e.colno})") from e
+        if not isinstance(record, dict):
+            raise DataError(f"{path}, line {n}: expected a JSON object")
+        yield n, record
+
+
+def _header_tsv(path: Path, needed: tuple[str, ...]) -> tuple[list[str], Iterator[tuple[int, dict]]]:
+    """The header and the (line number, row) pairs of a TSV whose first line names its columns.
+
+    Split on tabs with quoting off (the sentences hold bare ``"``). A row may be shorter than the
+    header (a line that lost its empty trailing fields): a needed column it lacks is reported by
+    ``_text`` when the row is used.
+    """
+    lines = _lines(path)
+    first = next(lines, None)
+    if first is None:
+        return [], iter(())
+    header = first[1].split("\t")
+    missing = [name for name in needed if name not in header]
+    if missing:
+        raise DataError(
+            f"{path}, line {first[0]}: no column {missing[0]!r} in the header (columns: {', '.join(header)})"
+        )
+    return header, ((n, dict(zip(header, line.split("\t")))) for n, line in lines)
+
+
+def _text(row: dict, name: str, source: str) -> str:
+    value = row.get(name)
+    if not isinstance(value, str):
+        raise _error(source, f"field {name!r} is missing" if value is None else f"field {name!r} is not text")
+    return value
+
+
+def _check_label(label: str, labels: tuple[str, ...], name: str, source: str) -> str:
+    if label not in labels:
+        raise _error(source, f"field {name!r} is {label!r}, not one of {', '.join(labels)}")
+    return label
+
+
+def read_nli(path: Path) -> list[Example]:
+    """SNLI 1.0 and MultiNLI 1.0: the release's ``.jsonl``, its ``.txt`` (SNLI 14 columns, MultiNLI
+    15) or GLUE's MNLI ``.tsv``; the tab-separated ones are read by their header. GLUE's test files
+    have no ``gold_label`` column: their labels are None.
+
+    Rows whose ``gold_label`` is ``-`` (no majority among the annotators) are skipped, as is
+    official practice: they have no gold label to train on or to score against, and GLUE leaves
+    them out too. The sentences are kept as given, leading and trailing spaces included.
+    """
+    if path.suffix.lower() == ".jsonl":
+        rows: Iterator[tuple[int, dict]] = _json_lines(path)
+        labelled = True
+    else:
+        header, rows = _header_tsv(path, ("sentence1", "sentence2"))
+        labelled = "gold_label" in header
+    out = []
+    for n, row in rows:
+        source = f"{path}, line {n}"
+        label = _text(row, "gold_label", source) if labelled else None
+        if label == NO_GOLD_LABEL:
+            continue
+        if label is not None:
+            _check_label(label, NLI_LABELS, "gold_label", source)
+        pair = {"premise": _text(row, "sentence1", source), "hypothesis": _text(row, "sentence2", source)}
+        out.append(Example(pair, label, source))
+    return out
+
+
+def _read_glue_pairs(
+    path: Path, columns: tuple[str, str], fields: tuple[str, str], label_column: str, labels: tuple[str, ...]
+) -> list[Example]:
+    """A GLUE pair TSV, by its header; the test files have no label column (labels None)."""
+    header, rows = _header_tsv(path, columns)
+    labelled = label_column in header
+    out = []
+    for n, row in rows:
+        source = f"{path}, line {n}"
+        # The texts come before the label in these files: a row cut short misses its label too.
+        pair = {field_: _text(row, column, source) for field_, column in zip(fields, columns)}
+        label = (
+            _check_label(_text(row, label_column, source), labels, label_column, source) if labelled else None
+        )
+        out.append(Example(pair, label, source))
+    return out
+
+
+def read_qnli(path: Path) -> list[Example]:
+    """GLUE QNLI (v2): ``index question sentence label``; premise = question, hypothesis = sentence."""
+    return _read_glue_pairs(path, ("question", "sentence"), ("premise", "hypothesis"), "label", QNLI_LABELS)
+
+
+def read_qqp(path: Path) -> list[Example]:
+    """GLUE QQP: ``id qid1 qid2 question1 question2 is_duplicate`` (0/1); test: ``id question1 question2``."""
+    return _read_glue_pairs(
+        path, ("question1", "question2"), ("text_a", "text_b"), "is_duplicate", QQP_LABELS
+    )
+
+
+def read_scitail(path: Path) -> list[Example]:
+    """SciTail 1.1 in any of its release formats, chosen by the file's folder, else its suffix:
+
+    - ``tsv_format`` (and any ``.tsv``): premise, hypothesis, label; no header.
+    - ``dgem_format``: the same with a 4th column, the hypothesis as a graph, which is ignored.
+    - ``snli_format`` (JSON lines named ``.txt``) and ``predictor_format`` (JSON lines named
+      ``.tsv`` or ``.jsonl``): ``sentence1``, ``sentence2``, ``gold_label``.
+
+    The snli_format says ``entailment`` where the others say ``entails``: it is normalised, so every
+    format gives the labels ``entails``/``neutral``. A ``-`` gold label is skipped, as for SNLI.
+    """
+    folder = path.parent.name
+    if folder in ("snli_format", "predictor_format"):
+        as_json = True
+    elif folder in ("tsv_format", "dgem_format"):
+        as_json = False
+    else:
+        as_json = path.suffix.lower() != ".tsv"
+    out = []
+    if as_json:
+        for n, record in _json_lines(path):
+            source = f"{path}, line {n}"
+            label = _text(record, "gold_label", source)
+            if label == NO_GOLD_LABEL:
+                continue
+            label = _check_label(
+                "entails" if label == "entailment" else label, SCITAIL_LABELS, "gold_label", source
+            )
+            pair = {
+                "premise": _text(record, "sentence1", source),
+                "hypothesis": _text(record, "sentence2", source),
+            }
+            out.append(Example(pair, label, source))
+        return out
+    for n, line in _lines(path):
+        parts = _fields(path, n, line, 3)
+        source = f"{path}, line {n}"
+        label = _check_label(parts[2], SCITAIL_LABELS, "label", source)
+        out.append(Example({"premise": parts[0], "hypothesis": parts[1]}, label, source))
+    return out
+
+
+def _race_files(folder: Path) -> list[Path]:
+    """A level folder's passage files in numeric order (2.txt before 13.txt), as the release numbers them."""
+    files = [p for p in folder.glob("*.txt") if p.is_file()]
+    if not files:
+        raise FileNotFoundError(f"{folder}: no RACE passage files (*.txt)")
+    return sorted(files, key=lambda p: (not p.stem.isdigit(), int(p.stem) if p.stem.isdigit() else 0, p.name))
+
+
+def _read_race_file(path: Path) -> list[Example]:
+    try:
+        passage = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 text (invalid byte at offset {e.start})") from e
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: not valid JSON ({e.msg}, line {e.lineno}, column {e.colno})") from e
+    if not isinstance(passage, dict):
+        raise DataError(f"{path}: expected a JSON object with article, questions, options, answers")
+    article = _text(passage, "article", str(path))
+    questions, options, answers = (passage.get(key) for key in ("questions", "options", "answers"))
+    if not all(isinstance(value, list) for value in (questions, options, answers)) or not (
+        len(questions) == len(options) == len(answers)
+    ):
+        raise DataError(f"{path}: fields 'questions', 'options' and 'answers' must be lists of one length")
+    out = []
+    for k, (question, choices, answer) in enumerate(zip(questions, options, answers), start=1):
+        source = f"{path}, question {k}"
+        if not isinstance(question, str):
+            raise _error(source, "field 'questions' holds no text here")
+        if not isinstance(choices, list) or len(choices) != 4 or not all(isinstance(c, str) for c in choices):
+            raise _error(source, "field 'options' needs a list of 4 answers here")
+        if answer not in ("A", "B", "C", "D"):
+            raise _error(source, f"field 'answers' is {answer!r}, not A-D")
+        fields = {"context": article, "question": question, "choices": list(choices)}
+        out.append(Example(fields, "ABCD".index(answer), source))
+    return out
+
+
+def read_race(path: Path) -> list[Example]:
+    """RACE, one example per question: the article as context, the question, 4 options, the index of
+    the answer letter. ``path`` is a passage file, a level folder (``RACE/dev/middle``) or a split
+    folder (``RACE/dev``: its middle, then its high passages, both required)."""
+    if path.is_file():
+        files = [path]
+    elif any((path / level).is_dir() for level in RACE_LEVELS):
+        files = []
+        for level in RACE_LEVELS:
+            if not (path / level).is_dir():
+                raise FileNotFoundError(f"{path / level}: not found (a RACE split has middle/ and high/)")
+            files += _race_files(path / level)
+    else:
+        files = _race_files(path)
+    return [example for file in files for example in _read_race_file(file)]
+
+
 @dataclass(frozen=True)
 class Dataset:
     task: str
     reader: object
-    files: dict[str, str]
+    files: dict[str, str]  # split → path under the data directory (a file, or RACE's folders)
     regression: bool = False
     metric: str = "accuracy"
+    # The fixed label set in the order of the head's outputs, so a training slice that misses a
+    # class still gets every output; None where the label is an index or a score.
+    labels: tuple[str, ...] | None = None
+    # Evaluation splits reported beside dev: report name → split (MultiNLI's mismatched dev set).
+    extra_evals: dict[str, str] = field(default_factory=dict)
+    title: str = ""  # the name papers use
 
+
+_SNLI = "snli/snli_1.0/snli_1.0_{}.jsonl"
+_MNLI = "multinli/multinli_1.0/multinli_1.0_{}.jsonl"
+_SCITAIL = "scitail/SciTailV1.1/tsv_format/scitail_1.0_{}.tsv"
+_SPLITS = ("train", "dev", "test")
 
 DATASETS: dict[str, Dataset] = {
     "sst2": Dataset("classification", read_sst2, {"train": "sst2/stsa.binary.train", "dev": "sst2/stsa.binary.dev",
-                                                  "test": "sst2/stsa.binary.test"}),
+                                                  "test": "sst2/stsa.binary.test"}, labels=("0", "1"), title="SST-2"),
     "cola": Dataset("classification", read_cola, {"train": "cola/in_domain_train.tsv", "dev": "cola/in_domain_dev.tsv",
-                                                  "test": "cola/out_of_domain_dev.tsv"}, metric="mcc"),
-    "rte": Dataset("entailment", read_rte, {"train": "rte/train.tsv", "dev": "rte/dev.tsv"}),
+                                                  "test": "cola/out_of_domain_dev.tsv"}, metric="mcc",
+                    labels=("0", "1"), title="CoLA"),
+    "rte": Dataset("entailment", read_rte, {"train": "rte/train.tsv", "dev": "rte/dev.tsv"}, labels=QNLI_LABELS,
+                   title="RTE"),
     "mrpc": Dataset("similarity", read_mrpc, {"train": "mrpc/msr-para-train.tsv", "dev": "mrpc/msr-para-val.tsv",
-                                              "test": "mrpc/msr-para-test.tsv"}, metric="f1"),
+                                              "test": "mrpc/msr-para-test.tsv"}, metric="f1", labels=("0", "1"),
+                    title="MRPC"),
     "stsb": Dataset("similarity", read_stsb, {"train": "sts_benchmark/sts-train.csv", "dev": "sts_benchmark/sts-dev.csv",
-                                              "test": "sts_benchmark/sts-test.csv"}, regression=True, metric="pearson"),
+                                              "test": "sts_benchmark/sts-test.csv"}, regression=True, metric="pearson",
+                    title="STS-B"),
     "story_cloze": Dataset("multiple_choice", read_story_cloze, {
         "train": "story_cloze_2016/cloze_test_val__spring2016 - cloze_test_ALL_val.csv",
         "dev": "story_cloze_2016/cloze_test_val__spring2016 - cloze_test_ALL_val.csv",
-        "test": "story_cloze_2016/cloze_test_test__spring2016 - cloze_test_ALL_test.csv"}),
+        "test": "story_cloze_2016/cloze_test_test__spring2016 - cloze_test_ALL_test.csv"}, title="Story Cloze"),
     "mctest": Dataset("multiple_choice", read_mctest, {"train": "mctest/mc500.train.statements.tsv",
                                                        "dev": "mctest/mc500.dev.statements.tsv",
-                                                       "test": "mctest/mc500.test.statements.tsv"}),
+                                                       "test": "mctest/mc500.test.statements.tsv"}, title="MCTest"),
+    "snli": Dataset("entailment", read_nli, {s: _SNLI.format(s) for s in _SPLITS}, labels=NLI_LABELS, title="SNLI"),
+    "mnli": Dataset("entailment", read_nli, {"train": _MNLI.format("train"), "dev": _MNLI.format("dev_matched"),
+                                             "dev_mismatched": _MNLI.format("dev_mismatched")},
+                    labels=NLI_LABELS, extra_evals={"mismatched": "dev_mismatched"}, title="MultiNLI"),
+    "qnli": Dataset("entailment", read_qnli, {s: f"qnli/{s}.tsv" for s in _SPLITS}, labels=QNLI_LABELS,
+                    title="QNLI"),
+    "scitail": Dataset("entailment", read_scitail, {s: _SCITAIL.format(s) for s in _SPLITS}, labels=SCITAIL_LABELS,
+                       title="SciTail"),
+    "qqp": Dataset("similarity", read_qqp, {s: f"qqp/{s}.tsv" for s in _SPLITS}, metric="f1", labels=QQP_LABELS,
+                   title="QQP"),
+    "race": Dataset("multiple_choice", read_race, {s: f"race/RACE/{s}" for s in _SPLITS}, title="RACE"),
+    "race_middle": Dataset("multiple_choice", read_race, {s: f"race/RACE/{s}/middle" for s in _SPLITS},
+                           title="RACE-m"),
+    "race_high": Dataset("multiple_choice", read_race, {s: f"race/RACE/{s}/high" for s in _SPLITS}, title="RACE-h"),
 }  # fmt: skip
 
 # GPT-1 (finetune-transformer-lm) split the Story Cloze validation set into 1,497 training and 374
@@ -328,16 +557,24 @@ STORY_CLOZE_DEV = 374
 
 
 def read_dataset(name: str, split: str, data_dir: str | Path) -> list[Example]:
-    """A split ("train", "dev", "test") of a public benchmark, read from ``data_dir``."""
+    """A split ("train", "dev", "test", or one a dataset adds) of a public benchmark, read from
+    ``data_dir``. With a fixed label set, a label outside it is a DataError naming its row."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
     spec = DATASETS[name]
     if split not in spec.files:
         raise ValueError(f"dataset {name!r} has no {split!r} split (it has {', '.join(spec.files)})")
     path = Path(data_dir) / spec.files[split]
-    if not path.is_file():
+    # A file, or a folder for RACE: the reader says what it misses inside.
+    if not path.exists():
         raise FileNotFoundError(f"{path}: not found (is --data-dir the shared data directory?)")
     examples = spec.reader(path)
+    if spec.labels is not None:
+        for example in examples:
+            if example.label is not None and example.label not in spec.labels:
+                raise _error(
+                    example.source, f"label {example.label!r} is not one of {', '.join(spec.labels)}"
+                )
     if name == "story_cloze" and split in ("train", "dev"):
         order = list(range(len(examples)))
         random.Random(STORY_CLOZE_SEED).shuffle(order)
