@@ -102,3 +102,107 @@ def test_temperature_sweep_trades_diversity_for_fidelity():
     assert diversity[-1] > diversity[0]
     closest = min(rows, key=lambda r: abs(r["sample_nll"] - report["reference_nll"]))
     assert report["recommended"]["temperature"] == closest["temperature"]
+
+
+# Batched zero-shot scoring -------------------------------------------------------------------------
+
+
+def random_pairs(count: int, context: int, seed: int = 1) -> list[tuple[list[int], list[int]]]:
+    """Pairs of varied lengths: short ones, ones that fill the context exactly, prefixes that must lose
+    tokens from the left, continuations longer than the context, and an empty continuation."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def ids(n: int) -> list[int]:
+        return torch.randint(0, 50, (n,), generator=generator).tolist()
+
+    pairs = [(ids(1), ids(1)), (ids(3), []), (ids(context - 5), ids(5)), (ids(context), ids(context + 3))]
+    pairs += [(ids(2 * context), ids(3)), (ids(1), ids(context - 1)), (ids(5), ids(context))]
+    for _ in range(count - len(pairs)):
+        lengths = torch.randint(1, 2 * context, (2,), generator=generator).tolist()
+        pairs.append((ids(lengths[0]), ids(lengths[1] // 3)))
+    return pairs
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 32])
+def test_batched_continuation_logprobs_equal_one_pair_at_a_time(batch_size):
+    model = tiny_model()
+    pairs = random_pairs(30, model.config.context_length)
+    batched = lm.continuation_logprobs(model, pairs, batch_size=batch_size)
+    assert len(batched) == len(pairs)
+    for (prefix, continuation), (total, n) in zip(pairs, batched):
+        ref_total, ref_n = lm.continuation_logprob(model, prefix, continuation)
+        assert n == ref_n
+        assert total == pytest.approx(ref_total, abs=1e-5, rel=1e-5)
+    # The truncation cases were exercised: a continuation cut to context − 1, a prefix cut from the left.
+    assert batched[3][1] == model.config.context_length - 1
+    assert batched[1] == (0.0, 0)
+
+
+def test_batched_scoring_rejects_an_empty_prefix_and_a_bad_batch_size():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="prefix"):
+        lm.continuation_logprobs(model, [([1], [2]), ([], [3])])
+    with pytest.raises(ValueError, match="batch_size"):
+        lm.continuation_logprobs(model, [([1], [2])], batch_size=0)
+    assert lm.continuation_logprobs(model, []) == []
+
+
+def one_at_a_time_predictions(model, encode, contexts, choices):
+    """The multiple-choice heuristic with continuation_logprob, one pair per forward pass."""
+    predictions = []
+    for context, answers in zip(contexts, choices):
+        scores = []
+        for answer in answers:
+            total, n = lm.continuation_logprob(model, encode(context), encode(answer))
+            scores.append(total / max(n, 1))
+        predictions.append(max(range(len(scores)), key=scores.__getitem__))
+    return predictions
+
+
+def word_encoder():
+    vocab = {str(i): i for i in range(50)} | {"very": 40, "positive": 41, "negative": 42}
+    return lambda text: [vocab[t] for t in text.split()]
+
+
+def random_texts(count: int, seed: int, longest: int = 30) -> list[str]:
+    generator = torch.Generator().manual_seed(seed)
+    texts = []
+    for _ in range(count):
+        n = int(torch.randint(1, longest, (1,), generator=generator))
+        texts.append(" ".join(str(t) for t in torch.randint(0, 40, (n,), generator=generator).tolist()))
+    return texts
+
+
+def test_batched_heuristics_predict_what_one_pair_at_a_time_predicts():
+    model = tiny_model()
+    with torch.no_grad():
+        model.wte.weight.mul_(20)  # peaked distributions: scores far apart, predictions that vary
+    encode = word_encoder()
+    contexts = random_texts(12, seed=2)
+    choices = [random_texts(int(k), seed=10 + i, longest=8) for i, k in enumerate(torch.randint(2, 5, (12,)))]
+    predictions = one_at_a_time_predictions(model, encode, contexts, choices)
+    assert len(set(predictions)) > 1  # the check below could not pass by always picking one answer
+    for batch_size in (1, 5, 32):
+        result = lm.zeroshot_multiple_choice(model, encode, contexts, choices, predictions, batch_size)
+        assert result == {"accuracy": 1.0, "examples": 12}
+
+    texts = random_texts(20, seed=3)
+    reference = []
+    for text in texts:
+        prefix = encode(text + " very")
+        pos = lm.continuation_logprob(model, prefix, encode("positive"))[0]
+        neg = lm.continuation_logprob(model, prefix, encode("negative"))[0]
+        reference.append(str(int(pos > neg)))
+    assert lm.zeroshot_sentiment(model, encode, texts, reference, "1", batch_size=4)["accuracy"] == 1.0
+
+    start = [0]
+    averages = lm.average_logprobs(model, encode, texts, start, batch_size=7)
+    for text, average in zip(texts, averages):
+        total, n = lm.continuation_logprob(model, start, encode(text))
+        assert average == pytest.approx(total / n, abs=1e-5, rel=1e-5)
+    labels = [str(int(a > sorted(averages)[10])) for a in averages]
+    one = lm.zeroshot_acceptability(model, encode, start, texts, labels, texts, labels, "1", 1)
+    many = lm.zeroshot_acceptability(model, encode, start, texts, labels, texts, labels, "1", 32)
+    assert one["mcc"] == many["mcc"] == pytest.approx(1.0)
+    assert one["accuracy"] == many["accuracy"] == 1.0
+    assert one["threshold"] == pytest.approx(many["threshold"], abs=1e-5)

@@ -5,6 +5,8 @@ Zero-shot: no fine-tuning, only the pre-trained language model's probabilities.
 - multiple choice: the answer with the highest average log-probability given the context;
 - acceptability: the average token log-probability of the sentence, thresholded (the threshold is
   fitted on a separate split, never on the one reported).
+The heuristics score many (prefix, continuation) pairs per forward pass (continuation_logprobs);
+continuation_logprob, one pair at a time, is the reference they are tested against.
 """
 
 from __future__ import annotations
@@ -13,9 +15,17 @@ import math
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 
 from gptkit.data.metrics import accuracy, matthews_corrcoef
 from gptkit.model import GPT
+
+# Batches of (prefix, continuation) pairs are right-padded to a multiple of this many tokens: a few
+# shapes instead of one per length (a CPU's matrix library prepares its kernels per shape).
+PAD_TO_MULTIPLE = 16
+# The most output-layer rows × vocabulary entries computed at once when scoring continuations (2^26
+# fp32 values: 256 MB), so that long continuations in a large batch never hold all their logits.
+LOGIT_CHUNK_ELEMENTS = 2**26
 
 
 @torch.no_grad()
@@ -80,55 +90,143 @@ def continuation_logprob(model: GPT, prefix: Sequence[int], continuation: Sequen
     return float(picked.sum()), len(continuation)
 
 
+def _fit_to_context(
+    context_length: int, prefix: Sequence[int], continuation: Sequence[int]
+) -> tuple[list[int], list[int]]:
+    """The pair as continuation_logprob scores it: a continuation past context − 1 tokens loses its end,
+    and the prefix is cut from the left so that prefix + continuation fits the context."""
+    continuation = list(continuation)[: context_length - 1]
+    prefix = list(prefix)[-(context_length - len(continuation)) :]
+    if not prefix:
+        raise ValueError("a continuation needs at least one token of prefix")
+    return prefix, continuation
+
+
+def _output_layer(model: GPT, hidden: torch.Tensor) -> torch.Tensor:
+    # The model's own output layer (GPT.forward): an inference replacement when there is one (int8),
+    # else the tied h·W_e^T. Applied here only to the positions scored, not to the whole batch.
+    return model.lm_head(hidden) if model.lm_head is not None else F.linear(hidden, model.wte.weight)
+
+
+@torch.no_grad()
+def continuation_logprobs(
+    model: GPT, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 32
+) -> list[tuple[float, int]]:
+    """continuation_logprob of every (prefix, continuation) pair, in order, many pairs per forward pass.
+
+    Each pair is truncated as continuation_logprob truncates it; the pairs run longest first,
+    ``batch_size`` at a time, right-padded: with causal attention a real token never attends to the
+    padding after it, and positions count from 0 in every row, so neither a mask nor position ids are
+    needed. The output layer runs only where a continuation token is predicted.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    context = model.config.context_length
+    fitted = [_fit_to_context(context, prefix, continuation) for prefix, continuation in pairs]
+    device = next(model.parameters()).device
+    # Longest first, so that a batch holds sequences of similar length (little padding) and a batch
+    # too large for the memory fails at once rather than at the end.
+    order = sorted(range(len(fitted)), key=lambda i: -(len(fitted[i][0]) + len(fitted[i][1])))
+    chunk_rows = max(1, LOGIT_CHUNK_ELEMENTS // model.config.total_vocab_size)
+    results: list[tuple[float, int]] = [(0.0, 0)] * len(fitted)
+    for begin in range(0, len(order), batch_size):
+        rows = order[begin : begin + batch_size]
+        sequences = [fitted[i][0] + fitted[i][1] for i in rows]
+        longest = len(sequences[0])
+        width = max(longest, min(-(-longest // PAD_TO_MULTIPLE) * PAD_TO_MULTIPLE, context))
+        ids = torch.zeros(len(rows), width, dtype=torch.long)  # token 0 pads: it is never read
+        for row, sequence in enumerate(sequences):
+            ids[row, : len(sequence)] = torch.tensor(sequence)
+        ids = ids.to(device)
+        # Position t predicts token t + 1: a row's continuation is predicted at
+        # len(prefix) − 1 ≤ t < len(prefix) + len(continuation) − 1.
+        first = torch.tensor([len(fitted[i][0]) - 1 for i in rows], device=device)
+        stop = torch.tensor([len(s) - 1 for s in sequences], device=device)
+        positions = torch.arange(width, device=device)
+        scored = (positions >= first[:, None]) & (positions < stop[:, None])  # (B, width)
+        row_of, at = scored.nonzero(as_tuple=True)
+        targets = ids[row_of, at + 1]
+        hidden = model(ids, compute_logits=False).hidden_states
+        picked = torch.empty(len(at), device=device)
+        for c in range(0, len(at), chunk_rows):
+            part = slice(c, c + chunk_rows)
+            log_probs = _output_layer(model, hidden[row_of[part], at[part]]).float().log_softmax(-1)
+            picked[part] = log_probs.gather(1, targets[part, None]).squeeze(1)
+        totals = torch.zeros(len(rows), device=device).index_add_(0, row_of, picked).tolist()
+        for row, i in enumerate(rows):
+            results[i] = (totals[row], len(fitted[i][1]))
+    return results
+
+
 def zeroshot_sentiment(
-    model: GPT, encode, texts: Sequence[str], labels: Sequence[str], positive: str = "1"
+    model: GPT,
+    encode,
+    texts: Sequence[str],
+    labels: Sequence[str],
+    positive: str = "1",
+    batch_size: int = 32,
 ) -> dict[str, float]:
     """Append " very"; predict positive when log P("positive") > log P("negative")."""
     pos_ids, neg_ids = encode("positive"), encode("negative")
-    predictions = []
+    pairs = []
     for text in texts:
         prefix = encode(text + " very")
-        pos = continuation_logprob(model, prefix, pos_ids)[0]
-        neg = continuation_logprob(model, prefix, neg_ids)[0]
-        predictions.append(int(pos > neg))
+        pairs += [(prefix, pos_ids), (prefix, neg_ids)]
+    scores = [total for total, _ in continuation_logprobs(model, pairs, batch_size)]
+    predictions = [int(scores[2 * i] > scores[2 * i + 1]) for i in range(len(texts))]
     targets = [int(str(label) == positive) for label in labels]
     return {"accuracy": accuracy(predictions, targets), "examples": len(targets)}
 
 
 def zeroshot_multiple_choice(
-    model: GPT, encode, contexts: Sequence[str], choices: Sequence[Sequence[str]], labels: Sequence[int]
+    model: GPT,
+    encode,
+    contexts: Sequence[str],
+    choices: Sequence[Sequence[str]],
+    labels: Sequence[int],
+    batch_size: int = 32,
 ) -> dict[str, float]:
     """Pick the answer with the highest average token log-probability given the context."""
-    predictions = []
+    pairs, sizes = [], []
     for context, answers in zip(contexts, choices):
         prefix = encode(context)
-        scores = []
-        for answer in answers:
-            total, n = continuation_logprob(model, prefix, encode(answer))
-            scores.append(total / max(n, 1))
-        predictions.append(max(range(len(scores)), key=scores.__getitem__))
+        pairs += [(prefix, encode(answer)) for answer in answers]
+        sizes.append(len(answers))
+    scores = iter(total / max(n, 1) for total, n in continuation_logprobs(model, pairs, batch_size))
+    predictions = []
+    for size in sizes:
+        example = [next(scores) for _ in range(size)]
+        predictions.append(max(range(size), key=example.__getitem__))
     return {"accuracy": accuracy(predictions, list(labels)), "examples": len(predictions)}
 
 
-def average_logprobs(model: GPT, encode, texts: Sequence[str], start_ids: Sequence[int]) -> list[float]:
-    scores = []
-    for text in texts:
-        total, n = continuation_logprob(model, list(start_ids), encode(text))
-        scores.append(total / max(n, 1))
-    return scores
+def average_logprobs(
+    model: GPT, encode, texts: Sequence[str], start_ids: Sequence[int], batch_size: int = 32
+) -> list[float]:
+    """Each text's average token log-probability after ``start_ids``."""
+    pairs = [(list(start_ids), encode(text)) for text in texts]
+    return [total / max(n, 1) for total, n in continuation_logprobs(model, pairs, batch_size)]
 
 
 def zeroshot_acceptability(
-    model: GPT, encode, start_ids: Sequence[int], fit_texts, fit_labels, texts, labels, positive: str = "1"
+    model: GPT,
+    encode,
+    start_ids: Sequence[int],
+    fit_texts,
+    fit_labels,
+    texts,
+    labels,
+    positive: str = "1",
+    batch_size: int = 32,
 ) -> dict[str, float]:
     """Average token log-probability, thresholded; the threshold maximises MCC on the fit split."""
-    fit_scores = average_logprobs(model, encode, fit_texts, start_ids)
+    fit_scores = average_logprobs(model, encode, fit_texts, start_ids, batch_size)
     fit_targets = [int(str(label) == positive) for label in fit_labels]
     candidates = sorted(set(fit_scores))
     threshold = max(
         candidates, key=lambda t: matthews_corrcoef([int(s >= t) for s in fit_scores], fit_targets)
     )
-    scores = average_logprobs(model, encode, texts, start_ids)
+    scores = average_logprobs(model, encode, texts, start_ids, batch_size)
     predictions = [int(s >= threshold) for s in scores]
     targets = [int(str(label) == positive) for label in labels]
     return {

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Every benchmark in benchmarks/, on a CUDA machine: the GPU and software first (nvidia-smi, torch and
+# CUDA versions), then each benchmark's JSON line, on the GPU (fp32 and bf16) where it takes a device.
+#
+#   benchmarks/gpu.sh [--quick] [--device-only]
+#
+#   --quick        the benchmarks that have a smoke mode run it (evaluate_throughput)
+#   --device-only  skip the benchmarks that measure only the CPU (see below): a GPU machine's time
+#                  is better spent on what needs the GPU
+#   env: PYTHON (default .venv/bin/python), GPTKIT_DATA (default ../shared/data beside the checkout),
+#        GPTKIT_BENCH_TIME_LIMIT_S (common.py: the most one measurement may take), CUDA_VISIBLE_DEVICES
+#
+# Which benchmark runs where:
+#   evaluate_throughput.py   --device cuda, in fp32 and in bf16 weights (skipped by the benchmark
+#                            itself where the GPU has no native bf16).
+#   generate_throughput.py   no device option: its models are built on the CPU; it runs here as on
+#                            any machine and measures this machine's CPU.
+#   train_throughput.py      no device option: its workers train on the CPU (bf16 through CPU autocast).
+#   serve_throughput.py      no device option: it starts `gptkit serve --device cpu --dtype float32`.
+#   tokenizer_throughput.py  the tokenizers run on the CPU by nature; nothing to move to a GPU.
+#   prepare_throughput.py    corpus preparation is CPU work (tokenizing, writing shards) by nature.
+# The CPU-only ones are run unchanged (their JSON records the CPU they ran on); moving them onto the
+# GPU is a change to those scripts, not to this one.
+#
+# Exit status: 2 when there is no CUDA device (nothing is measured); 1 when any benchmark failed (the
+# others still run and print); 0 otherwise. Each JSON line is printed again together at the end.
+
+set -uo pipefail
+
+quick=() device_only=0
+for arg in "$@"; do
+    case "$arg" in
+        --quick) quick=(--quick) ;;
+        --device-only) device_only=1 ;;
+        -h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "gpu.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
+    esac
+done
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo" || exit 2
+python="${PYTHON:-.venv/bin/python}"
+if ! command -v "$python" >/dev/null 2>&1 && [ ! -x "$python" ]; then
+    echo "gpu.sh: no Python at '$python' (make setup, or set PYTHON)" >&2
+    exit 2
+fi
+
+# No CUDA device: fail before measuring anything, saying why.
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+    echo "gpu.sh: no CUDA device: nvidia-smi is not installed (no NVIDIA driver on this machine)" >&2
+    exit 2
+fi
+if ! nvidia-smi; then
+    echo "gpu.sh: no CUDA device: nvidia-smi found no usable GPU (see its message above)" >&2
+    exit 2
+fi
+if ! "$python" - <<'EOF'; then
+import sys
+
+import torch
+
+if not torch.cuda.is_available():
+    sys.exit(
+        f"gpu.sh: no CUDA device: torch {torch.__version__} sees none "
+        f"(built for CUDA: {torch.version.cuda or 'no, a CPU-only build'})"
+    )
+print(
+    f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, "
+    f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}, "
+    f"bf16 native: {torch.cuda.is_bf16_supported(including_emulation=False)}"
+)
+EOF
+    exit 2
+fi
+
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+failed=()
+
+# run NAME ARGS...: one benchmark; its progress goes to stderr, its last line (the JSON) to stdout.
+run() {
+    local name="$1"
+    shift
+    local log="$out/$name.$(ls "$out" | wc -l).out"
+    echo "== $name $*" >&2
+    if "$python" "benchmarks/$name.py" "$@" >"$log"; then
+        tail -n 1 "$log" | tee -a "$out/all.jsonl"
+    else
+        echo "gpu.sh: $name $* failed (exit $?); its output:" >&2
+        cat "$log" >&2
+        failed+=("$name $*")
+    fi
+}
+
+run evaluate_throughput --device cuda --dtype float32 "${quick[@]}"
+run evaluate_throughput --device cuda --dtype bfloat16 "${quick[@]}"
+if [ "$device_only" = 0 ]; then
+    for name in generate_throughput train_throughput serve_throughput tokenizer_throughput prepare_throughput; do
+        run "$name"
+    done
+fi
+
+echo "== all JSON lines" >&2
+cat "$out/all.jsonl" 2>/dev/null
+if [ "${#failed[@]}" -gt 0 ]; then
+    printf 'gpu.sh: failed: %s\n' "${failed[@]}" >&2
+    exit 1
+fi
