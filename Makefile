@@ -10,7 +10,7 @@ STAMP   := $(VENV)/.installed
 DATA    ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),$(abspath data))
 RUNS    ?= runs
 
-.PHONY: setup demo test bench lint clean
+.PHONY: setup demo test bench paper lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -26,6 +26,29 @@ test: $(STAMP)
 demo: $(STAMP)
 	@test -d "$(DATA)/gutenberg" || $(PYTHON) -m gptkit data fetch --demo --out "$(DATA)"
 	GPTKIT_DATA=$(DATA) $(PYTHON) -m gptkit demo --data $(DATA) --out $(RUNS)/demo
+
+# The paper's experiments on a CPU slice (docs/paper.md): pre-train a demo-sized GPT, then every
+# fine-tuning task of Tables 2-4 with Table 5's ablations, and Figure 2 (left and right).
+PAPER      ?= $(RUNS)/paper
+PAPER_PRE  ?= 12m
+PAPER_SLICE ?= --max-train-examples 500 --max-eval-examples 500 --lr 2e-4
+CORPUS      = $(DATA)/gutenberg/*.txt $(DATA)/tinyshakespeare/input.txt
+paper: $(STAMP)
+	test -f $(PAPER)/tokenizer/tokenizer_config.json || $(PYTHON) -m gptkit tokenizer train --corpus $(CORPUS) \
+		--vocab-size 8000 --style gpt1 --out $(PAPER)/tokenizer
+	test -f $(PAPER)/shards/meta.json || $(PYTHON) -m gptkit prepare $(CORPUS) \
+		--tokenizer $(PAPER)/tokenizer --out $(PAPER)/shards --val-fraction 0.02
+	test -f $(PAPER)/pretrain/config.json || $(PYTHON) -m gptkit pretrain --data $(PAPER)/shards \
+		--out $(PAPER)/pretrain --preset gpt2 --context-length 128 --n-layer 4 --n-head 4 --d-model 256 \
+		--max-steps 2000 --batch-size 32 --lr 1e-3 --warmup-steps 200 --time-budget $(PAPER_PRE) \
+		--eval-every 50 --checkpoint-every 40 --keep-checkpoints 1000 --eval-windows 64 --no-progress \
+		$$(test -d $(PAPER)/pretrain/checkpoints && echo --resume)
+	$(PYTHON) -m gptkit suite --init $(PAPER)/pretrain --data-dir $(DATA) --out $(PAPER)/suite \
+		--variants full no_aux_lm no_pretraining $(PAPER_SLICE) --no-progress
+	$(PYTHON) -m gptkit figure2 layers --init $(PAPER)/pretrain --task story_cloze --data-dir $(DATA) \
+		--out $(PAPER)/figure2-layers $(PAPER_SLICE) --no-progress
+	$(PYTHON) -m gptkit figure2 zeroshot --run $(PAPER)/pretrain --data-dir $(DATA) \
+		--out $(PAPER)/figure2-zeroshot --limit 500
 
 bench: $(STAMP)
 	@for b in benchmarks/*.py; do GPTKIT_DATA=$(DATA) $(PYTHON) $$b || exit 1; done

@@ -28,6 +28,7 @@ LAYERS = {
     "gptkit.evaluate": 4,
     "gptkit.serve": 4,
     "gptkit.demo": 5,
+    "gptkit.paper": 5,
     "gptkit.cli": 5,
     "gptkit.__main__": 5,
     "gptkit": 5,  # the package's public API gathers everything

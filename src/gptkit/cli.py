@@ -292,11 +292,13 @@ class ZeroshotArgs:
     """GPT-1's zero-shot heuristics (§5) on a public dataset, for a model or every checkpoint of a run."""
 
     model: str = _arg("A model directory, or a run directory with --checkpoints.")
-    task: Literal["acceptability", "multiple_choice", "sentiment"] = _arg("Which heuristic.")
+    task: Literal["acceptability", "multiple_choice", "question_answering", "sentiment"] = _arg(
+        "Which heuristic."
+    )
     tokenizer: str | None = _arg("Tokenizer directory (default: the model directory).", None)
     dataset: str | None = _arg(
         "Public dataset (default: by task: sentiment → sst2, multiple_choice → story_cloze, "
-        "acceptability → cola).",
+        "acceptability → cola, question_answering → race).",
         None,
     )
     split: str = _arg("Split to score.", "dev")
@@ -565,6 +567,27 @@ def cmd_data_fetch(args: DataFetchArgs) -> None:
     print(f"{len(written)} file(s) written to {args.out}")
 
 
+def cmd_suite(config, train) -> None:
+    from gptkit.paper.suite import run_suite
+
+    run_suite(config, train)
+    print(f"\nresults: {Path(config.out) / 'results.md'} and results.json")
+
+
+def cmd_figure2_layers(config, train) -> None:
+    from gptkit.paper.figures import transfer_curve
+
+    transfer_curve(config, train)
+    print(f"wrote {config.out}/layers.json, layers.md, layers.png")
+
+
+def cmd_figure2_zeroshot(config) -> None:
+    from gptkit.paper.figures import zeroshot_curve
+
+    zeroshot_curve(config)
+    print(f"wrote {config.out}/zeroshot.json, zeroshot.md, zeroshot.png")
+
+
 def cmd_demo(args: DemoArgs) -> None:
     from gptkit.demo import run_demo
 
@@ -595,6 +618,8 @@ class Command:
 
 def _commands() -> list[Command]:
     # Imported here rather than at the top: the training modules are the heaviest of the package.
+    from gptkit.paper.figures import TransferConfig, ZeroshotCurveConfig
+    from gptkit.paper.suite import SuiteConfig
     from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig
     from gptkit.train.loop import TrainConfig
     from gptkit.train.pretrain import PretrainConfig
@@ -625,12 +650,28 @@ def _commands() -> list[Command]:
         Command("perplexity", (PerplexityArgs,), cmd_perplexity),
         Command("zeroshot", (ZeroshotArgs,), cmd_zeroshot),
         Command("analyze tradeoff", (TradeoffArgs,), cmd_tradeoff),
+        Command(
+            "suite",
+            (SuiteConfig, FinetuneTrainConfig),
+            cmd_suite,
+            config_file=True,
+            summary="Fine-tune on the paper's twelve tasks; results beside Tables 2-5.",
+        ),
+        Command(
+            "figure2 layers", (TransferConfig, FinetuneTrainConfig), cmd_figure2_layers, config_file=True
+        ),
+        Command("figure2 zeroshot", (ZeroshotCurveConfig,), cmd_figure2_zeroshot),
         Command("data fetch", (DataFetchArgs,), cmd_data_fetch),
         Command("demo", (DemoArgs,), cmd_demo),
     ]
 
 
-_GROUPS = {"tokenizer": "Tokenizer tools.", "data": "Sample datasets.", "analyze": "Analyses of a model."}
+_GROUPS = {
+    "tokenizer": "Tokenizer tools.",
+    "data": "Sample datasets.",
+    "analyze": "Analyses of a model.",
+    "figure2": "The paper's Figure 2: transferred layers (left), zero-shot during pre-training (right).",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -113,6 +113,9 @@ class FinetuneConfig(ModelShape):
     max_train_examples: int | None = field(
         default=None, metadata={"help": "Use only the first N training examples (default: all)."}
     )
+    max_eval_examples: int | None = field(
+        default=None, metadata={"help": "Evaluate on only the first N dev examples (default: all)."}
+    )
     eval_batch_size: int = field(default=64, metadata={"help": "Examples per forward pass at evaluation."})
     resume: bool = field(
         default=False, metadata={"help": "Continue the run in --out from its latest checkpoint."}
@@ -124,7 +127,7 @@ class FinetuneConfig(ModelShape):
         for name in ("epochs", "eval_batch_size"):
             if getattr(self, name) <= 0:
                 raise config_error(self, name, f"must be positive, got {getattr(self, name)}")
-        for name in ("max_length", "max_train_examples"):
+        for name in ("max_length", "max_train_examples", "max_eval_examples"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise config_error(self, name, f"must be positive, got {value}")
@@ -220,7 +223,7 @@ def build_gpt(config: FinetuneConfig, tokenizer: Tokenizer, specials: dict[str, 
     """The transformer: pre-trained (``init``, keeping ``transfer_layers`` blocks) or new, with rows
     for the special tokens of the input transformations."""
     gpt = build_model(config, base_vocab_size(tokenizer))
-    if config.init and config.transfer_layers is not None:
+    if config.init and config.transfer_layers is not None and not config.random_init:
         gpt.reinitialize_blocks(keep=config.transfer_layers)
     # New rows N(0, 0.02) for _start_, _delimiter_, _classify_ when the model lacks them.
     gpt.add_special_tokens(max(specials.values()) + 1 - gpt.config.total_vocab_size)
@@ -236,16 +239,25 @@ def with_dataset_task(config: FinetuneConfig) -> tuple[FinetuneConfig, str]:
     return config, "pearson" if config.regression else "accuracy"
 
 
+def task_labels(config: FinetuneConfig, examples: list[Example]) -> list[str] | None:
+    """The head's classes: a public dataset's fixed set (a slice of its training rows may lack a
+    class that its dev set has), else the labels of the training rows."""
+    known = DATASETS.get(config.dataset or "")
+    if known is not None and known.labels and not config.train and not config.regression:
+        return list(known.labels)
+    return infer_labels(examples, config.task, config.regression)
+
+
 def task_spec(
     config: FinetuneConfig, examples: list[Example], gpt: GPT, specials: dict[str, int], metric: str
 ) -> TaskSpec:
-    """The task as the model will know it: layout, labels from the training rows, input limit."""
+    """The task as the model will know it: layout, labels, input limit."""
     # A context shorter than the loaded model's (--context-length) bounds the inputs too.
     context_length = min(config.context_length or gpt.config.context_length, gpt.config.context_length)
     multiple_choice = config.task == "multiple_choice" and examples
     return TaskSpec(
         task=config.task,
-        labels=infer_labels(examples, config.task, config.regression),
+        labels=task_labels(config, examples),
         regression=config.regression,
         n_choices=len(examples[0].fields["choices"]) if multiple_choice else None,
         max_length=min(config.max_length or context_length, context_length),
@@ -276,7 +288,7 @@ def finetune(config: FinetuneConfig, train: FinetuneTrainConfig) -> dict:
         gpt = build_gpt(config, tokenizer, specials)
 
         train_examples = load_examples(config, "train")[: config.max_train_examples]
-        dev_examples = load_examples(config, "dev")
+        dev_examples = load_examples(config, "dev")[: config.max_eval_examples]
         spec = task_spec(config, train_examples, gpt, specials, metric)
         encode = tokenizer.encode
         encoded_train, skipped_train = encode_examples(

@@ -45,8 +45,14 @@ class ModelShape:
     activation: Activation | None = field(
         default=None, metadata={"help": "Override the preset's activation."}
     )
+    random_init: bool = field(
+        default=False,
+        metadata={"help": "Take --init's shape but not its weights: the no-pre-training ablation (Table 5)."},
+    )
 
     def __post_init__(self) -> None:
+        if self.random_init and not self.init:
+            raise config_error(self, "random_init", "needs --init, the model whose shape to take")
         for name in ("context_length", "n_layer", "n_head", "d_model"):
             value = getattr(self, name)
             if value is not None and value <= 0:
@@ -70,7 +76,8 @@ class ModelShape:
 
 
 def build_model(shape: ModelShape, vocab_size: int) -> GPT:
-    """A new GPT of ``shape`` with ``vocab_size`` rows, or the weights of ``shape.init``.
+    """A new GPT of ``shape`` with ``vocab_size`` rows, or the weights of ``shape.init`` (new
+    weights of its shape with ``random_init``).
 
     Loaded weights keep their shape: an override that disagrees with it is an error (a context
     shorter than the model's is allowed: training then uses shorter sequences); dropout applies.
@@ -78,6 +85,9 @@ def build_model(shape: ModelShape, vocab_size: int) -> GPT:
     if not shape.init:
         return GPT(GPTConfig.from_preset(shape.preset, vocab_size=vocab_size, **shape.overrides()))
     model = GPT.from_pretrained(shape.init)
+    if shape.random_init:
+        # Every format's config is read by the loader, so the weights are loaded and then replaced.
+        model = GPT(model.config)
     loaded = model.config
     for name, value in shape.overrides().items():
         if name == "dropout" or (name == "context_length" and value <= loaded.context_length):

@@ -1,0 +1,223 @@
+"""Figure 2 of the GPT-1 paper, as commands that write the numbers (JSON, Markdown) and the plot.
+
+Left, ``gptkit figure2 layers``: a task's score when only the first K pre-trained blocks are
+transferred (K = 0 keeps just the embeddings), K = 0..n. Right, ``gptkit figure2 zeroshot``: the
+zero-shot heuristics of §5 scored at every checkpoint of a pre-training run (and at its random
+initialisation, update 0), to see the language model learn the tasks it was never trained on.
+Both continue where they stopped when run again with the same ``--out``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from gptkit.evaluate.zeroshot import ZEROSHOT_DATASETS, ZEROSHOT_METRICS, run_checkpoints, zeroshot
+from gptkit.hardware import DEVICE_HELP
+from gptkit.io import read_json, write_json
+from gptkit.model import GPT
+from gptkit.paper.scores import TASKS
+from gptkit.paper.suite import SuiteConfig, run_task
+from gptkit.textgen import load_for_generation
+from gptkit.train.finetune import FinetuneTrainConfig
+
+Heuristic = Literal["sentiment", "multiple_choice", "acceptability", "question_answering"]
+
+
+def _plot(path: Path, title: str, xlabel: str, ylabel: str, lines: dict, chance: dict | None = None) -> bool:
+    """One line per series ({name: (xs, ys)}), dashed chance levels; False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install 'gptkit[plot]'): no plot written")
+        return False
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for index, (name, (xs, ys)) in enumerate(lines.items()):
+        color = f"C{index}"
+        ax.plot(xs, ys, marker="o", label=name, color=color)
+        if chance and name in chance:
+            ax.axhline(chance[name], linestyle="--", linewidth=0.8, color=color)
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+# Left: transferred layers ---------------------------------------------------------------------------
+
+
+@dataclass
+class TransferConfig:
+    """Figure 2 (left): a task's score against the number of pre-trained blocks transferred."""
+
+    init: str = field(metadata={"help": "The pre-trained model."})
+    task: str = field(default="mnli", metadata={"help": f"A suite task: {', '.join(TASKS)}."})
+    layers: list[int] | None = field(
+        default=None, metadata={"help": "Block counts to transfer (default: 0 to the model's layers)."}
+    )
+    data_dir: str = field(default="data", metadata={"help": "Where the public datasets live."})
+    out: str = field(
+        default="runs/figure2-layers", metadata={"help": "Output directory (continued when rerun)."}
+    )
+    tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer directory (default: --init)."})
+    max_train_examples: int | None = field(default=None, metadata={"help": "Train on the first N examples."})
+    max_eval_examples: int | None = field(default=None, metadata={"help": "Score the first N examples."})
+    epochs: int = field(default=3, metadata={"help": "Passes over the training data."})
+    device: str = field(default="auto", metadata={"help": DEVICE_HELP})
+
+    def __post_init__(self) -> None:
+        if self.task not in TASKS:
+            raise ValueError(
+                f"TransferConfig.task (--task): unknown {self.task!r}; known: {', '.join(TASKS)}"
+            )
+
+
+def transfer_curve(config: TransferConfig, train: FinetuneTrainConfig) -> dict:
+    """Fine-tune with K = each of ``layers`` transferred blocks; writes layers.{json,md,png} in ``out``."""
+    n_layer = GPT.from_pretrained(config.init).config.n_layer
+    layers = config.layers if config.layers is not None else list(range(n_layer + 1))
+    bad = [k for k in layers if not 0 <= k <= n_layer]
+    if bad:
+        raise ValueError(f"--layers: {bad} outside 0..{n_layer} (the model has {n_layer} blocks)")
+    out = Path(config.out)
+    task = TASKS[config.task]
+    points = []
+    for k in layers:
+        print(f"\n=== {task.name}: transferring {k} of {n_layer} blocks", flush=True)
+        suite = SuiteConfig(
+            init=config.init,
+            tasks=[task.name],
+            data_dir=config.data_dir,
+            out=str(out),
+            tokenizer=config.tokenizer,
+            max_train_examples=config.max_train_examples,
+            max_eval_examples=config.max_eval_examples,
+            epochs=config.epochs,
+            transfer_layers=k,
+            device=config.device,
+        )
+        result = run_task(task, "full", suite, train, out / f"layers-{k:02d}")
+        if result["status"] != "done":
+            raise FileNotFoundError(
+                f"{task.name}: missing {', '.join(result['missing'])}; {result['advice']}"
+            )
+        points.append({"layers": k, "evaluations": result["evaluations"], "best_dev": result["best_dev"]})
+    report = {"task": task.name, "metric": task.metric, "n_layer": n_layer, "points": points}
+    write_json(out / "layers.json", report)
+    titles = [e["title"] for e in points[0]["evaluations"]]
+    rows = [
+        f"| {p['layers']} | " + " | ".join(f"{e['score']:.1f}" for e in p["evaluations"]) + " |"
+        for p in points
+    ]
+    baseline = " | ".join(f"{e['baseline']:.1f}" for e in points[0]["evaluations"])
+    table = [
+        f"| blocks transferred | {' | '.join(titles)} ({task.metric}) |",
+        "|---:|" + "---:|" * len(titles),
+        *rows,
+        f"| baseline | {baseline} |",
+    ]
+    (out / "layers.md").write_text("\n".join(table) + "\n", encoding="utf-8")
+    lines = {
+        title: ([p["layers"] for p in points], [p["evaluations"][i]["score"] for p in points])
+        for i, title in enumerate(titles)
+    }
+    chance = {title: points[0]["evaluations"][i]["baseline"] for i, title in enumerate(titles)}
+    _plot(
+        out / "layers.png",
+        f"Transferring pre-trained blocks: {task.name}",
+        "blocks transferred",
+        f"{task.metric} (%)",
+        lines,
+        chance,
+    )
+    print("\n".join(table))
+    return report
+
+
+# Right: zero-shot during pre-training ---------------------------------------------------------------
+
+
+@dataclass
+class ZeroshotCurveConfig:
+    """Figure 2 (right): the zero-shot heuristics at every checkpoint of a pre-training run."""
+
+    run: str = field(metadata={"help": "A pre-training run directory (with checkpoints/)."})
+    heuristics: list[Heuristic] = field(
+        default_factory=lambda: list(ZEROSHOT_DATASETS), metadata={"help": "Which heuristics to score."}
+    )
+    data_dir: str = field(default="data", metadata={"help": "Where the public datasets live."})
+    out: str = field(
+        default="runs/figure2-zeroshot", metadata={"help": "Output directory (continued when rerun)."}
+    )
+    tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer directory (default: --run)."})
+    limit: int | None = field(default=500, metadata={"help": "Score the first N examples of each dataset."})
+    split: str = field(default="dev", metadata={"help": "Split to score."})
+    seed: int = field(default=0, metadata={"help": "Seed of the untrained model scored at update 0."})
+    device: str = field(default="auto", metadata={"help": DEVICE_HELP})
+
+
+def zeroshot_curve(config: ZeroshotCurveConfig) -> dict:
+    """Score every checkpoint (and update 0); writes zeroshot.{json,md,png} in ``out``."""
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report_path = out / "zeroshot.json"
+    done = {p["step"]: p for p in read_json(report_path)["points"]} if report_path.exists() else {}
+    checkpoints = run_checkpoints(config.run)
+    tokenizer_dir = config.tokenizer or config.run
+    for step, directory in [(0, checkpoints[0][1]), *checkpoints]:
+        if step in done and all(h in done[step]["scores"] for h in config.heuristics):
+            continue
+        model, tokenizer = load_for_generation(
+            directory, tokenizer_dir, dtype="float32", device=config.device, decoding=False
+        )
+        if step == 0:  # the same architecture, untrained: where every curve starts
+            torch.manual_seed(config.seed)
+            model = (
+                GPT(dataclasses.replace(model.config, dropout=0.0)).to(next(model.parameters()).device).eval()
+            )
+        scores = {}
+        for heuristic in config.heuristics:
+            result = zeroshot(
+                model, tokenizer, heuristic, config.data_dir, split=config.split, limit=config.limit
+            )
+            scores[heuristic] = {
+                "score": result[ZEROSHOT_METRICS[heuristic][0]],
+                "examples": result["examples"],
+            }
+        done[step] = {"step": step, "scores": scores}
+        print(f"update {step}: " + ", ".join(f"{h} {s['score']:.3f}" for h, s in scores.items()), flush=True)
+        write_json(report_path, {"run": config.run, "points": [done[s] for s in sorted(done)]})
+    points = [done[s] for s in sorted(done)]
+    heuristics = [h for h in config.heuristics if all(h in p["scores"] for p in points)]
+    header = " | ".join(f"{h} ({ZEROSHOT_METRICS[h][0]}, {ZEROSHOT_DATASETS[h]})" for h in heuristics)
+    table = [
+        f"| updates | {header} |",
+        "|---:|" + "---:|" * len(heuristics),
+        *(
+            f"| {p['step']} | " + " | ".join(f"{p['scores'][h]['score']:.3f}" for h in heuristics) + " |"
+            for p in points
+        ),
+        "| chance | " + " | ".join(f"{ZEROSHOT_METRICS[h][1]:.3f}" for h in heuristics) + " |",
+    ]
+    (out / "zeroshot.md").write_text("\n".join(table) + "\n", encoding="utf-8")
+    lines = {h: ([p["step"] for p in points], [p["scores"][h]["score"] for p in points]) for h in heuristics}
+    _plot(
+        out / "zeroshot.png",
+        "Zero-shot heuristics during pre-training",
+        "pre-training updates",
+        "score (accuracy; MCC for acceptability)",
+        lines,
+        {h: ZEROSHOT_METRICS[h][1] for h in heuristics},
+    )
+    print("\n".join(table))
+    return {"run": config.run, "points": points}

@@ -1,0 +1,342 @@
+"""`gptkit suite`: fine-tune one pre-trained model on the paper's tasks and tabulate the results
+beside the paper's (Tables 2–4), and its ablations beside Table 5.
+
+Every task of every variant runs in its own directory, ``OUT/<variant>/<task>``, through
+:func:`gptkit.train.finetune.finetune` with the paper's settings (λ = 0.5, lr 6.25e-5, batch 32,
+3 epochs, warm-up 0.2%, linear decay). The epoch with the best dev score is kept; it is then scored
+on the task's reported sets (test where the labels are public, else dev) next to a majority-class
+baseline on the same examples. A finished task leaves ``result.json`` and is never run again; a
+killed one continues from its latest checkpoint. ``results.json`` and ``results.md`` are rewritten
+after every task, so they are current whenever the suite stops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from gptkit.config import config_error
+from gptkit.data.readers import DATASETS, Example, read_dataset
+from gptkit.data.tasks import task_metrics
+from gptkit.hardware import DEVICE_HELP
+from gptkit.io import atomic_write, read_json, write_json
+from gptkit.paper.scores import TABLE5, TABLE5_AVERAGE, TABLE5_TASKS, TASKS, PaperTask
+from gptkit.task_model import TaskModel
+from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig, finetune
+from gptkit.train.loop import CHECKPOINTS, LATEST
+
+Variant = Literal["full", "no_aux_lm", "no_pretraining"]
+VARIANTS: dict[str, str] = {
+    "full": "pre-trained, with the auxiliary LM objective (λ = 0.5)",
+    "no_aux_lm": "pre-trained, without the auxiliary LM objective (λ = 0)",
+    "no_pretraining": "the same architecture from random weights (λ = 0.5)",
+}
+RESULT_NAME = "result.json"  # a finished task
+SETTINGS_NAME = "suite.json"  # what the suite in a directory was asked to do
+# Fewer training examples than this and a score says only that the pipeline runs (the sample files
+# of some datasets beside the project hold a handful of rows).
+FEW_EXAMPLES = 100
+EVAL_BATCH = 64
+
+
+@dataclass
+class SuiteConfig:
+    """Fine-tune one pre-trained model on the paper's tasks; results beside the paper's."""
+
+    init: str = field(metadata={"help": "The pre-trained model (a pretrain run or a converted release)."})
+    tasks: list[str] = field(
+        default_factory=lambda: list(TASKS),
+        metadata={"help": f"Tasks to run (default: all twelve: {' '.join(TASKS)})."},
+    )
+    variants: list[Variant] = field(
+        default_factory=lambda: ["full"],
+        metadata={
+            "help": "full; no_aux_lm (λ = 0) and no_pretraining (random init) are Table 5's ablations."
+        },
+    )
+    data_dir: str = field(default="data", metadata={"help": "Where the public datasets live."})
+    out: str = field(default="runs/suite", metadata={"help": "Suite directory (continued when rerun)."})
+    tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer directory (default: --init)."})
+    max_train_examples: int | None = field(
+        default=None, metadata={"help": "Train on the first N examples of each task (a CPU slice)."}
+    )
+    max_eval_examples: int | None = field(
+        default=None, metadata={"help": "Score the first N examples of each evaluation set."}
+    )
+    epochs: int = field(default=3, metadata={"help": "Passes over each task's training data."})
+    lm_coef: float = field(default=0.5, metadata={"help": "λ of the variants with the auxiliary LM."})
+    transfer_layers: int | None = field(
+        default=None, metadata={"help": "Keep only the first K pre-trained blocks (default: all)."}
+    )
+    max_length: int | None = field(
+        default=None, metadata={"help": "Longest input sequence (default: the model's context)."}
+    )
+    device: str = field(default="auto", metadata={"help": DEVICE_HELP})
+
+    def __post_init__(self) -> None:
+        unknown = [t for t in self.tasks if t not in TASKS]
+        if unknown:
+            raise config_error(self, "tasks", f"unknown {', '.join(unknown)}; known: {', '.join(TASKS)}")
+        bad = [v for v in self.variants if v not in VARIANTS]
+        if bad:
+            raise config_error(self, "variants", f"unknown {', '.join(bad)}; known: {', '.join(VARIANTS)}")
+        for name in ("max_train_examples", "max_eval_examples", "epochs"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise config_error(self, name, f"must be positive, got {value}")
+
+
+def missing_files(task: PaperTask, data_dir: str | Path) -> list[str]:
+    """The task's files (train, dev and every reported split) that are not in ``data_dir``."""
+    needed = {(task.train, "train"), (task.train, "dev")}
+    needed |= {(e.dataset, e.split) for e in task.evaluations}
+    paths = [Path(data_dir) / DATASETS[d].files[s] for d, s in sorted(needed)]
+    return [str(p) for p in paths if not p.exists()]
+
+
+def majority_baseline(model: TaskModel, train: list[Example], encoded_eval: list) -> dict[str, float]:
+    """The task's metrics for always predicting the training slice's most frequent answer (the
+    training mean for a score, whose correlation is then 0)."""
+    spec = model.spec
+    targets = [e.target for e in encoded_eval]
+    n = len(targets)
+    if spec.regression:
+        mean = sum(float(e.label) for e in train) / len(train)
+        return task_metrics(spec, torch.full((n,), mean), targets)
+    if spec.task == "multiple_choice":
+        width, answer = spec.n_choices or 2, Counter(int(e.label) for e in train).most_common(1)[0][0]
+    else:
+        labels = spec.labels or []
+        width = len(labels)
+        answer = labels.index(Counter(str(e.label).strip() for e in train).most_common(1)[0][0])
+    logits = torch.zeros(n, width)
+    logits[:, answer] = 1.0
+    return task_metrics(spec, logits, targets)
+
+
+def _percent(value: float) -> float:
+    return round(100.0 * value, 1)
+
+
+def run_task(
+    task: PaperTask, variant: str, config: SuiteConfig, train: FinetuneTrainConfig, out_dir: Path
+) -> dict:
+    """Fine-tune and score one task (or read its result if it finished before)."""
+    if (out_dir / RESULT_NAME).exists():
+        return read_json(out_dir / RESULT_NAME)
+    missing = missing_files(task, config.data_dir)
+    if missing:
+        return {
+            "task": task.name,
+            "variant": variant,
+            "status": "missing data",
+            "missing": missing,
+            "advice": f"gptkit data fetch {task.train} --out {config.data_dir}",
+        }
+    resume = (out_dir / CHECKPOINTS / LATEST).exists()
+    if not resume and out_dir.exists():
+        shutil.rmtree(out_dir)  # killed before its first checkpoint: nothing to continue from
+    started = time.perf_counter()
+    finetuned = finetune(
+        FinetuneConfig(
+            init=config.init,
+            random_init=variant == "no_pretraining",
+            tokenizer=config.tokenizer or config.init,
+            dataset=task.train,
+            data_dir=config.data_dir,
+            out=str(out_dir),
+            epochs=config.epochs,
+            lm_coef=0.0 if variant == "no_aux_lm" else config.lm_coef,
+            transfer_layers=config.transfer_layers,
+            max_length=config.max_length,
+            max_train_examples=config.max_train_examples,
+            max_eval_examples=config.max_eval_examples,
+            resume=resume,
+            device=config.device,
+        ),
+        train,
+    )
+    model = TaskModel.from_pretrained(out_dir, config.device)
+    train_examples = read_dataset(task.train, "train", config.data_dir)[: config.max_train_examples]
+    evaluations = []
+    for evaluation in task.evaluations:
+        examples = read_dataset(evaluation.dataset, evaluation.split, config.data_dir)
+        encoded = model.encode(examples[: config.max_eval_examples], require_labels=True)
+        targets = [e.target for e in encoded]
+        ours = task_metrics(model.spec, model.logits(encoded, EVAL_BATCH), targets)
+        baseline = majority_baseline(model, train_examples, encoded)
+        evaluations.append(
+            {
+                **dataclasses.asdict(evaluation),
+                "examples": len(encoded),
+                "score": _percent(ours[task.metric]),
+                "baseline": _percent(baseline[task.metric]),
+                "metrics": ours,
+            }
+        )
+    result = {
+        "task": task.name,
+        "variant": variant,
+        "status": "done",
+        "table": task.table,
+        "metric": task.metric,
+        "train_examples": finetuned["examples"]["train"],
+        "dev_examples": finetuned["examples"]["dev"],
+        "best_dev": finetuned["best"],
+        "steps": finetuned["steps"],
+        "evaluations": evaluations,
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    write_json(out_dir / RESULT_NAME, result)
+    return result
+
+
+def _settings(config: SuiteConfig, train: FinetuneTrainConfig) -> dict:
+    """What makes two runs of the suite comparable (not which tasks or variants are asked for)."""
+    settings = dataclasses.asdict(config)
+    for name in ("tasks", "variants", "out", "device", "data_dir"):
+        settings.pop(name)
+    train_settings = dataclasses.asdict(train)
+    train_settings.pop("progress")
+    return {"suite": settings, "train": train_settings}
+
+
+def check_settings(out: Path, settings: dict) -> None:
+    """A suite directory holds one set of settings: a rerun with others would mix results."""
+    path = out / SETTINGS_NAME
+    if not path.exists():
+        write_json(path, settings)
+        return
+    before = read_json(path)
+    changed = [
+        f"{section}.{name}: {before.get(section, {}).get(name)!r} → {value!r}"
+        for section, values in settings.items()
+        for name, value in values.items()
+        if before.get(section, {}).get(name) != value
+    ]
+    if changed:
+        raise ValueError(
+            f"{out} holds a suite run with other settings ({'; '.join(changed)}): "
+            "rerun with the same settings to continue it, or choose another --out"
+        )
+
+
+def run_suite(config: SuiteConfig, train: FinetuneTrainConfig) -> dict[str, dict[str, dict]]:
+    """Every requested variant × task; returns {variant: {task: result}} and writes the reports."""
+    out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    check_settings(out, _settings(config, train))
+    results: dict[str, dict[str, dict]] = {}
+    previous = out / "results.json"
+    if previous.exists():  # tasks run by earlier invocations stay in the report
+        results = read_json(previous).get("results", {})
+    for variant in config.variants:
+        for name in config.tasks:
+            print(f"\n=== {variant}: {name}", flush=True)
+            result = run_task(TASKS[name], variant, config, train, out / variant / name)
+            results.setdefault(variant, {})[name] = result
+            if result["status"] != "done":
+                print(f"    skipped: {result['status']} ({', '.join(result['missing'])}); {result['advice']}")
+            write_reports(out, results, config)
+    return results
+
+
+# Reports ------------------------------------------------------------------------------------------
+
+
+def _rows(results: dict[str, dict]) -> list[tuple[PaperTask, dict]]:
+    return [(TASKS[name], results[name]) for name in TASKS if name in results]
+
+
+def format_markdown(results: dict[str, dict[str, dict]], config: SuiteConfig | None = None) -> str:
+    """results.md: one table per variant beside the paper's scores, then Table 5 if ablations ran."""
+    lines = ["# gptkit suite: GPT-1's fine-tuning results, reproduced", ""]
+    if config is not None:
+        lines += [
+            f"Model: `{config.init}`; training examples per task: {config.max_train_examples or 'all'}; "
+            f"evaluation examples: {config.max_eval_examples or 'all'}; epochs: {config.epochs}.",
+            "",
+        ]
+    lines += [
+        "Scores in percent (Matthews and Pearson correlations × 100). The paper's are its test-set "
+        "figures (Tables 2–4); ours are on the split named, test where its labels are public, else "
+        "dev. The baseline always predicts the training data's most frequent answer.",
+        "",
+    ]
+    for variant, by_task in results.items():
+        lines += [f"## {variant}: {VARIANTS.get(variant, '')}", ""]
+        lines += [
+            "| table | task | metric | split | examples | gptkit | paper | baseline | trained on |",
+            "|---|---|---|---|---:|---:|---:|---:|---:|",
+        ]
+        notes = set()
+        for task, result in _rows(by_task):
+            if result["status"] != "done":
+                lines.append(
+                    f"| {task.table} | {task.name} | {task.metric} | — | — | missing data | "
+                    f"{' / '.join(str(e.paper) for e in task.evaluations)} | — | — |"
+                )
+                notes.add(f"missing data: `{result['advice']}`")
+                continue
+            few = result["train_examples"] < FEW_EXAMPLES
+            if few:
+                notes.add(
+                    f"† fewer than {FEW_EXAMPLES} training examples (the sample files): the score "
+                    "shows the task runs end to end, it measures nothing"
+                )
+            for e in result["evaluations"]:
+                lines.append(
+                    f"| {task.table} | {e['title']} | {task.metric} | {e['split']} | {e['examples']} | "
+                    f"{e['score']:.1f}{' †' if few else ''} | {e['paper']:.1f} | {e['baseline']:.1f} | "
+                    f"{result['train_examples']} |"
+                )
+        lines += ["", *(f"- {note}" for note in sorted(notes)), ""]
+    table5 = [v for v in TABLE5 if v in results]
+    if len(table5) > 1:
+        lines += [format_table5(results, table5), ""]
+    return "\n".join(lines)
+
+
+def table5_score(result: dict | None) -> float | None:
+    """A task's Table 5 figure: its score, MNLI's the mean of matched and mismatched."""
+    if not result or result.get("status") != "done":
+        return None
+    scores = [e["score"] for e in result["evaluations"]]
+    return round(sum(scores) / len(scores), 1)
+
+
+def format_table5(results: dict[str, dict[str, dict]], variants: list[str]) -> str:
+    header = "| variant | " + " | ".join(TABLE5_TASKS) + " | average |"
+    lines = [
+        "## Table 5: ablations (gptkit / paper)",
+        "",
+        header,
+        "|---|" + "---:|" * (len(TABLE5_TASKS) + 1),
+    ]
+    for variant in variants:
+        ours = [table5_score(results[variant].get(t)) for t in TABLE5_TASKS]
+        cells = [
+            f"{'—' if o is None else f'{o:.1f}'} / {TABLE5[variant][t]:.1f}"
+            for o, t in zip(ours, TABLE5_TASKS)
+        ]
+        present = [o for o in ours if o is not None]
+        average = f"{sum(present) / len(present):.1f}" if len(present) == len(ours) else "—"
+        lines.append(
+            f"| {variant} | " + " | ".join(cells) + f" | {average} / {TABLE5_AVERAGE[variant]:.1f} |"
+        )
+    lines.append("")
+    lines.append("The average is ours only when every task ran.")
+    return "\n".join(lines)
+
+
+def write_reports(out: Path, results: dict[str, dict[str, dict]], config: SuiteConfig | None = None) -> None:
+    write_json(out / "results.json", {"results": results})
+    text = format_markdown(results, config) + "\n"
+    atomic_write(out / "results.md", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))

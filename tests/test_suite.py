@@ -1,0 +1,207 @@
+"""`gptkit suite` and Figure 2: the paper's numbers, the baselines by hand, scores recomputed by the
+independent evaluation path, resuming, and the reports; on a tiny model and slices of real data."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from gptkit import GPT, GPTConfig
+from gptkit.data.readers import DATASETS, read_dataset
+from gptkit.evaluate.tasks import evaluate_model
+from gptkit.evaluate.zeroshot import zeroshot
+from gptkit.paper import suite as suite_module
+from gptkit.paper.figures import TransferConfig, ZeroshotCurveConfig, transfer_curve, zeroshot_curve
+from gptkit.paper.scores import TABLE5, TABLE5_AVERAGE, TABLE5_TASKS, TASKS
+from gptkit.paper.suite import SuiteConfig, run_suite
+from gptkit.textgen import load_for_generation
+from gptkit.tokenizer import Tokenizer, train_bpe
+from gptkit.train.finetune import FinetuneTrainConfig
+from gptkit.train.run import ModelShape, build_model
+
+TRAIN = FinetuneTrainConfig(batch_size=8, lr=1e-3, progress=False)
+
+
+def test_the_papers_tables_agree_with_themselves():
+    """Table 5's full-model row repeats Tables 2 and 4 (MNLI as the mean of m/mm), and each row's
+    printed average is the mean of its eight scores: a typo in either table would show here."""
+    for task in TABLE5_TASKS:
+        scores = [e.paper for e in TASKS[task].evaluations]
+        assert TABLE5["full"][task] == pytest.approx(sum(scores) / len(scores), abs=0.051)
+    for variant, scores in TABLE5.items():
+        assert sum(scores.values()) / len(scores) == pytest.approx(TABLE5_AVERAGE[variant], abs=0.051)
+    assert len(TASKS) == 12
+    for task in TASKS.values():
+        assert task.train in DATASETS and "train" in DATASETS[task.train].files
+        for evaluation in task.evaluations:
+            assert evaluation.split in DATASETS[evaluation.dataset].files
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory, data_dir) -> Path:
+    """A tiny 'pre-trained' model with its own small byte-level tokenizer."""
+    directory = tmp_path_factory.mktemp("init")
+    corpus = directory / "corpus.txt"
+    lines = [e.fields["text"] for e in read_dataset("sst2", "train", data_dir)[:400]]
+    corpus.write_text("\n".join(lines), encoding="utf-8")
+    tokenizer = train_bpe([corpus], vocab_size=300, out_dir=directory, style="bytelevel", show_progress=False)
+    torch.manual_seed(0)
+    vocab = tokenizer.vocab_size + tokenizer.n_special
+    GPT(GPTConfig(vocab_size=vocab, context_length=64, n_layer=2, n_head=2, d_model=32)).save_pretrained(
+        directory
+    )
+    return directory
+
+
+def _config(pretrained: Path, data_dir: Path, out: Path, **overrides) -> SuiteConfig:
+    values = dict(
+        init=str(pretrained),
+        data_dir=str(data_dir),
+        out=str(out),
+        max_train_examples=24,
+        max_eval_examples=16,
+        epochs=1,
+        device="cpu",
+    )
+    return SuiteConfig(**{**values, **overrides})
+
+
+def test_suite_scores_baselines_reports_and_resumes(pretrained, data_dir, tmp_path, monkeypatch):
+    out = tmp_path / "suite"
+    config = _config(pretrained, data_dir, out, tasks=["rte", "story_cloze", "stsb"])
+    results = run_suite(config, TRAIN)["full"]
+
+    # RTE: our score is what the separate evaluation path computes for the kept model; the
+    # baseline is the training slice's majority label, scored by hand on the same dev rows.
+    rte = results["rte"]
+    assert rte["status"] == "done" and rte["train_examples"] == 24
+    dev = read_dataset("rte", "dev", data_dir)[:16]
+    again = evaluate_model(out / "full" / "rte", dev, device="cpu")
+    (evaluation,) = rte["evaluations"]
+    assert evaluation["examples"] == 16 and evaluation["paper"] == 56.0
+    assert evaluation["score"] == round(100 * again["accuracy"], 1)
+    majority = Counter(e.label for e in read_dataset("rte", "train", data_dir)[:24]).most_common(1)[0][0]
+    assert evaluation["baseline"] == round(100 * sum(e.label == majority for e in dev) / 16, 1)
+    # Story Cloze is scored on its test set; the baseline picks the most frequent right ending.
+    (cloze,) = results["story_cloze"]["evaluations"]
+    assert cloze["split"] == "test"
+    first = Counter(e.label for e in read_dataset("story_cloze", "train", data_dir)[:24]).most_common(1)[0][0]
+    test = read_dataset("story_cloze", "test", data_dir)[:16]
+    assert cloze["baseline"] == round(100 * sum(e.label == first for e in test) / 16, 1)
+    # STS-B reports Pearson; a constant prediction correlates with nothing.
+    (sts,) = results["stsb"]["evaluations"]
+    assert sts["baseline"] == 0.0 and -100 <= sts["score"] <= 100 and sts["metrics"]["spearman"] is not None
+
+    report = (out / "results.md").read_text()
+    assert "| Table 2 | RTE | accuracy | dev | 16 |" in report and "| 56.0 |" in report
+    assert "| Table 4 | STS-B | pearson | test | 16 |" in report
+    assert json.loads((out / "results.json").read_text())["results"]["full"]["rte"] == rte
+
+    # A finished task is never run again ...
+    def fail(*args, **kwargs):
+        raise AssertionError("a finished task was run again")
+
+    monkeypatch.setattr(suite_module, "finetune", fail)
+    assert run_suite(config, TRAIN)["full"]["rte"] == rte
+    monkeypatch.undo()
+    # ... and one killed after its checkpoint continues from it (here: nothing left to train).
+    (out / "full" / "rte" / "result.json").unlink()
+    calls = []
+    real = suite_module.finetune
+    monkeypatch.setattr(suite_module, "finetune", lambda c, t: calls.append(c.resume) or real(c, t))
+    assert run_suite(config, TRAIN)["full"]["rte"]["evaluations"] == rte["evaluations"]
+    assert calls == [True]
+    # Other settings in the same directory would mix results: refused, naming the field.
+    with pytest.raises(ValueError, match=r"suite.epochs: 1 → 2"):
+        run_suite(_config(pretrained, data_dir, out, tasks=["rte"], epochs=2), TRAIN)
+
+
+def test_ablations_and_missing_data(pretrained, data_dir, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "rte").symlink_to(data_dir / "rte")  # MRPC is not there
+    out = tmp_path / "suite"
+    config = _config(
+        pretrained, data, out, tasks=["rte", "mrpc"], variants=["full", "no_aux_lm", "no_pretraining"]
+    )
+    results = run_suite(config, TRAIN)
+    assert results["full"]["mrpc"]["status"] == "missing data"
+    assert "gptkit data fetch mrpc" in results["full"]["mrpc"]["advice"]
+    runs = {v: json.loads((out / v / "rte" / "run_config.json").read_text())["finetune"] for v in results}
+    assert [runs[v]["lm_coef"] for v in ("full", "no_aux_lm", "no_pretraining")] == [0.5, 0.0, 0.5]
+    assert [runs[v]["random_init"] for v in ("full", "no_aux_lm", "no_pretraining")] == [False, False, True]
+    report = (out / "results.md").read_text()
+    assert "## Table 5: ablations" in report and "| no_pretraining |" in report
+    assert "gptkit data fetch mrpc" in report
+
+
+def test_random_init_keeps_the_shape_not_the_weights(pretrained):
+    loaded = build_model(ModelShape(init=str(pretrained)), vocab_size=0)
+    fresh = build_model(ModelShape(init=str(pretrained), random_init=True), vocab_size=0)
+    assert fresh.config == loaded.config
+    assert not torch.equal(fresh.h[0].mlp.c_fc.weight, loaded.h[0].mlp.c_fc.weight)
+    with pytest.raises(ValueError, match="random_init"):
+        ModelShape(random_init=True)
+
+
+def test_figure2_transfer_layers(pretrained, data_dir, tmp_path):
+    config = TransferConfig(
+        init=str(pretrained),
+        task="rte",
+        layers=[0, 2],
+        data_dir=str(data_dir),
+        out=str(tmp_path / "layers"),
+        max_train_examples=16,
+        max_eval_examples=16,
+        epochs=1,
+        device="cpu",
+    )
+    report = transfer_curve(config, TRAIN)
+    assert [p["layers"] for p in report["points"]] == [0, 2] and report["n_layer"] == 2
+    kept = [
+        json.loads((tmp_path / "layers" / f"layers-{k:02d}" / "run_config.json").read_text())["finetune"]
+        for k in (0, 2)
+    ]
+    assert [k["transfer_layers"] for k in kept] == [0, 2]
+    assert (tmp_path / "layers" / "layers.png").stat().st_size > 0
+    assert "| 0 |" in (tmp_path / "layers" / "layers.md").read_text()
+    with pytest.raises(ValueError, match=r"outside 0..2"):
+        transfer_curve(
+            TransferConfig(init=str(pretrained), task="rte", layers=[3], out=str(tmp_path / "x")), TRAIN
+        )
+
+
+def test_figure2_zeroshot_over_checkpoints(pretrained, data_dir, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    Tokenizer.from_pretrained(pretrained).save_pretrained(run)
+    for step, seed in ((10, 1), (20, 2)):
+        torch.manual_seed(seed)
+        model = GPT.from_pretrained(pretrained)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01 * torch.randn_like(p))
+        model.save_pretrained(run / "checkpoints" / f"step-{step:07d}")
+    config = ZeroshotCurveConfig(
+        run=str(run),
+        heuristics=["sentiment", "question_answering"],
+        data_dir=str(data_dir),
+        out=str(tmp_path / "zs"),
+        limit=8,
+        device="cpu",
+    )
+    report = zeroshot_curve(config)
+    assert [p["step"] for p in report["points"]] == [0, 10, 20]
+    model, tokenizer = load_for_generation(
+        run / "checkpoints" / "step-0000020", run, device="cpu", decoding=False
+    )
+    expected = zeroshot(model, tokenizer, "question_answering", data_dir, limit=8)
+    assert report["points"][2]["scores"]["question_answering"]["score"] == expected["accuracy"]
+    assert report["points"][2]["scores"]["question_answering"]["examples"] == 8
+    assert (tmp_path / "zs" / "zeroshot.png").stat().st_size > 0
+    # Rerun: every checkpoint is already scored.
+    monkeypatch.setattr("gptkit.paper.figures.zeroshot", lambda *a, **k: pytest.fail("scored again"))
+    assert zeroshot_curve(config)["points"] == report["points"]
