@@ -144,6 +144,10 @@ def run_task(
     if not resume and out_dir.exists():
         shutil.rmtree(out_dir)  # killed before its first checkpoint: nothing to continue from
     started = time.perf_counter()
+    train_examples = read_dataset(task.train, "train", config.data_dir)[: config.max_train_examples]
+    if len(train_examples) < train.batch_size:
+        # A sample file smaller than one batch: one batch of all of it, so the task still runs.
+        train = dataclasses.replace(train, batch_size=len(train_examples), micro_batch_size=None)
     finetuned = finetune(
         FinetuneConfig(
             init=config.init,
@@ -164,7 +168,6 @@ def run_task(
         train,
     )
     model = TaskModel.from_pretrained(out_dir, config.device)
-    train_examples = read_dataset(task.train, "train", config.data_dir)[: config.max_train_examples]
     evaluations = []
     for evaluation in task.evaluations:
         examples = read_dataset(evaluation.dataset, evaluation.split, config.data_dir)
@@ -188,6 +191,7 @@ def run_task(
         "table": task.table,
         "metric": task.metric,
         "train_examples": finetuned["examples"]["train"],
+        "batch_size": train.batch_size,
         "dev_examples": finetuned["examples"]["dev"],
         "best_dev": finetuned["best"],
         "steps": finetuned["steps"],
@@ -280,7 +284,8 @@ def format_markdown(results: dict[str, dict[str, dict]], config: SuiteConfig | N
         for task, result in _rows(by_task):
             if result["status"] != "done":
                 lines.append(
-                    f"| {task.table} | {task.name} | {task.metric} | — | — | missing data | "
+                    f"| {task.table} | {' / '.join(e.title for e in task.evaluations)} | {task.metric} | — | — | "
+                    "missing data | "
                     f"{' / '.join(str(e.paper) for e in task.evaluations)} | — | — |"
                 )
                 notes.add(f"missing data: `{result['advice']}`")
