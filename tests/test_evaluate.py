@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+import torch.nn.functional as F
 
 from gptkit import GPT, GPTConfig
 from gptkit.data.metrics import f1, matthews_corrcoef, pearson, spearman
 from gptkit.evaluate import lm
 from gptkit.evaluate.tradeoff import _distinct, _unigram_f1, passages_from_text, sweep
+from gptkit.quantize import quantize_int8
 
 
 def tiny_model(context=16) -> GPT:
@@ -46,6 +50,80 @@ def test_perplexity_equals_brute_force():
     assert lm.perplexity(model, ids, stride=3, batch_size=5)["nll"] == pytest.approx(
         lm.perplexity(model, ids, stride=3, batch_size=1)["nll"], rel=1e-5
     )
+
+
+def full_logits_nll(model: GPT, ids: list[int], stride: int) -> tuple[float, int]:
+    """Perplexity's windows one at a time through the model's logits at every position, keeping the
+    targets no earlier window scored (the computation before perplexity ran the output layer only at
+    the scored positions): (mean NLL, tokens scored)."""
+    context, total, count = model.config.context_length, 0.0, 0
+    scored_until, start = 1, 0
+    with torch.no_grad():
+        while scored_until < len(ids):
+            end = min(start + context, len(ids))
+            window = torch.tensor(ids[start:end])
+            log_probs = model(window[None]).logits[0, :-1].float().log_softmax(-1)
+            picked = log_probs.gather(1, window[1:, None]).squeeze(1)[scored_until - start - 1 :]
+            total -= float(picked.double().sum())
+            count += picked.numel()
+            # stride == context: a window starting at its first target could not score it.
+            scored_until, start = end, min(start + stride, end - 1)
+    return total / count, count
+
+
+class CountingOutputLayer(torch.nn.Module):
+    """The tied output layer h·W_e^T as an lm_head, recording how many rows each call is given."""
+
+    def __init__(self, weight: torch.nn.Parameter) -> None:
+        super().__init__()
+        self.weight = weight
+        self.rows: list[int] = []
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        self.rows.append(hidden.shape[:-1].numel())
+        return F.linear(hidden, self.weight)
+
+
+# (text length, stride) with context 16: stride 1, strides that do and do not divide the text, stride ==
+# context (windows that do not overlap), a text shorter than one window, one exactly a window long and
+# one a token longer.
+PERPLEXITY_LAYOUTS = [(40, 1), (40, 3), (40, 8), (40, 16), (10, 8), (16, 5), (17, 16), (17, 4)]
+
+
+@pytest.mark.parametrize("length, stride", PERPLEXITY_LAYOUTS)
+def test_perplexity_runs_the_output_layer_only_where_it_scores(length, stride, monkeypatch):
+    model = tiny_model()
+    ids = torch.randint(0, 50, (length,), generator=torch.Generator().manual_seed(length + stride)).tolist()
+    reference, count = full_logits_nll(model, ids, stride)
+    assert count == length - 1  # every target once
+    counting = CountingOutputLayer(model.wte.weight)
+    model.lm_head = counting
+    # 7 rows of logits at a time: chunks that split windows and batches.
+    monkeypatch.setattr(lm, "LOGIT_CHUNK_ELEMENTS", 7 * model.config.total_vocab_size)
+    for batch_size in (1, 3, 8):
+        counting.rows.clear()
+        result = lm.perplexity(model, ids, stride=stride, batch_size=batch_size)
+        assert result["tokens"] == count
+        assert result["nll"] == pytest.approx(reference, rel=1e-5, abs=1e-6)
+        # The output layer saw each scored position once and nothing else, never more than a chunk.
+        assert sum(counting.rows) == count and max(counting.rows) <= 7
+
+
+def test_perplexity_through_an_int8_output_layer_and_in_bf16():
+    ids = torch.randint(0, 50, (40,), generator=torch.Generator().manual_seed(5)).tolist()
+    # int8: the model's inference output layer (lm_head), not the tied weights, gives the logits.
+    # A quantized model computes in bf16, and bf16 weights leave the hidden states and the output layer
+    # in bf16 (the log-softmax is fp32 as before): only the matrix products' shapes differ from the
+    # full-logits computation, so the tolerance is bf16's (8 significant bits).
+    quantized = quantize_int8(copy.deepcopy(tiny_model()))
+    for stride in (3, 16):
+        reference, _ = full_logits_nll(quantized, ids, stride)
+        assert lm.perplexity(quantized, ids, stride=stride)["nll"] == pytest.approx(reference, rel=1e-2)
+    model = tiny_model().to(torch.bfloat16)
+    for stride in (3, 8, 16):
+        reference, _ = full_logits_nll(model, ids, stride)
+        result = lm.perplexity(model, ids, stride=stride, batch_size=3)
+        assert result["nll"] == pytest.approx(reference, rel=1e-2)
 
 
 def test_continuation_logprob_and_multiple_choice_against_the_models_loss():

@@ -23,8 +23,8 @@ from gptkit.model import GPT
 # Batches of (prefix, continuation) pairs are right-padded to a multiple of this many tokens: a few
 # shapes instead of one per length (a CPU's matrix library prepares its kernels per shape).
 PAD_TO_MULTIPLE = 16
-# The most output-layer rows × vocabulary entries computed at once when scoring continuations (2^26
-# fp32 values: 256 MB), so that long continuations in a large batch never hold all their logits.
+# The most output-layer rows × vocabulary entries computed at once when scoring continuations or
+# perplexity windows (2^26 fp32 values: 256 MB), so that a large batch never holds all its logits.
 LOGIT_CHUNK_ELEMENTS = 2**26
 
 
@@ -36,7 +36,9 @@ def perplexity(
 
     Windows of the model's context start every ``stride`` tokens (default: half the context); each
     token is scored once, in the window where it has the most context before it (at least
-    context − stride tokens, except at the start).
+    context − stride tokens, and at least one, except at the start). The output layer runs only at
+    the positions scored, a chunk at a time: never the fp32 logits of every position of a batch of
+    windows (for GPT-2 at context 1024, batch 8, 1.6 GB), most of which an earlier window scored.
     """
     context = model.config.context_length
     stride = stride or max(context // 2, 1)
@@ -44,8 +46,10 @@ def perplexity(
         raise ValueError(f"stride must be in 1..{context}, got {stride}")
     if len(ids) < 2:
         raise ValueError("perplexity needs at least 2 tokens")
+    if context < 2:  # a window must hold a token and one before it to score anything
+        raise ValueError(f"perplexity needs a context of at least 2 tokens, got {context}")
     tokens = torch.as_tensor(list(ids), dtype=torch.long)
-    windows = []  # (start, first scored target index inside the window)
+    windows = []  # (start, end, index inside the window of its first target not scored before)
     scored_until = 1  # targets 1..scored_until-1 done (token 0 is never a target)
     start = 0
     while scored_until < len(tokens):
@@ -54,7 +58,9 @@ def perplexity(
         scored_until = end
         if end == len(tokens):
             break
-        start += stride
+        # With stride == context the next window would start at its own first target, which nothing
+        # before it in the window predicts: it starts a token earlier, so that every token is scored.
+        start = min(start + stride, scored_until - 1)
     nll, count = 0.0, 0
     device = next(model.parameters()).device
     # Windows of one length run together, batch_size at a time (all but possibly the last are full).
@@ -63,12 +69,15 @@ def perplexity(
         for i in range(0, len(same), batch_size):
             batch = same[i : i + batch_size]
             chunk = torch.stack([tokens[start:end] for start, end, _ in batch]).to(device)  # (B, T)
-            log_probs = model(chunk).logits[:, :-1].float().log_softmax(-1)
-            picked = log_probs.gather(2, chunk[:, 1:, None]).squeeze(2)  # (B, T-1)
-            for row, (_, _, first_target) in enumerate(batch):
-                scored = picked[row, first_target - 1 :]
-                nll -= float(scored.sum())
-                count += scored.numel()
+            hidden = model(chunk, compute_logits=False).hidden_states  # (B, T, d)
+            # Position t predicts token t + 1: a window's targets from first_target on are predicted
+            # at positions first_target − 1 .. T − 2; the earlier ones were scored by an earlier window.
+            first = torch.tensor([first_target - 1 for _, _, first_target in batch], device=device)
+            scored = torch.arange(length - 1, device=device) >= first[:, None]  # (B, T-1)
+            picked = _target_logprobs(model, hidden[:, :-1][scored], chunk[:, 1:][scored])
+            # Summed in fp64: a long text adds up millions of fp32 log-probabilities.
+            nll -= float(picked.double().sum())
+            count += picked.numel()
     mean = nll / count
     return {"tokens": count, "nll": mean, "perplexity": math.exp(min(mean, 50.0))}
 
@@ -108,6 +117,21 @@ def _output_layer(model: GPT, hidden: torch.Tensor) -> torch.Tensor:
     return model.lm_head(hidden) if model.lm_head is not None else F.linear(hidden, model.wte.weight)
 
 
+def _target_logprobs(model: GPT, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log P(targets[i] | hidden[i]) in fp32, for (N, d) final hidden states and (N,) target ids.
+
+    The output layer and the log-softmax run on a chunk of rows at a time, so that at most
+    LOGIT_CHUNK_ELEMENTS logits (and their log-softmax) exist at once, however many rows are scored.
+    """
+    chunk_rows = max(1, LOGIT_CHUNK_ELEMENTS // model.config.total_vocab_size)
+    picked = torch.empty(len(targets), device=hidden.device)
+    for c in range(0, len(targets), chunk_rows):
+        part = slice(c, c + chunk_rows)
+        log_probs = _output_layer(model, hidden[part]).float().log_softmax(-1)
+        picked[part] = log_probs.gather(1, targets[part, None]).squeeze(1)
+    return picked
+
+
 @torch.no_grad()
 def continuation_logprobs(
     model: GPT, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 32
@@ -127,7 +151,6 @@ def continuation_logprobs(
     # Longest first, so that a batch holds sequences of similar length (little padding) and a batch
     # too large for the memory fails at once rather than at the end.
     order = sorted(range(len(fitted)), key=lambda i: -(len(fitted[i][0]) + len(fitted[i][1])))
-    chunk_rows = max(1, LOGIT_CHUNK_ELEMENTS // model.config.total_vocab_size)
     results: list[tuple[float, int]] = [(0.0, 0)] * len(fitted)
     for begin in range(0, len(order), batch_size):
         rows = order[begin : begin + batch_size]
@@ -147,11 +170,7 @@ def continuation_logprobs(
         row_of, at = scored.nonzero(as_tuple=True)
         targets = ids[row_of, at + 1]
         hidden = model(ids, compute_logits=False).hidden_states
-        picked = torch.empty(len(at), device=device)
-        for c in range(0, len(at), chunk_rows):
-            part = slice(c, c + chunk_rows)
-            log_probs = _output_layer(model, hidden[row_of[part], at[part]]).float().log_softmax(-1)
-            picked[part] = log_probs.gather(1, targets[part, None]).squeeze(1)
+        picked = _target_logprobs(model, hidden[row_of, at], targets)
         totals = torch.zeros(len(rows), device=device).index_add_(0, row_of, picked).tolist()
         for row, i in enumerate(rows):
             results[i] = (totals[row], len(fitted[i][1]))
