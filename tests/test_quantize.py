@@ -1,4 +1,5 @@
-"""Weight-only int8: each layer against its float original, and the model's outputs and decoding."""
+"""Inference weight formats: weight-only int8 and the transposed fp32 layout, each layer against its
+float original, and the model's outputs and decoding."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 import torch
 
 from gptkit import GPT, GPTConfig
-from gptkit.quantize import Int8Linear, quantize_int8
+from gptkit.quantize import TRANSPOSED, Int8Linear, TransposedLinear, quantize_int8, transpose_for_decoding
+from gptkit.textgen import load_for_generation
 
 
 def test_int8_linear_is_the_rounded_matrix_times_its_row_scales():
@@ -41,5 +43,48 @@ def test_quantized_model_scores_and_decodes_like_the_original():
     agree = (model.generate(ids[:, :8], 16)[:, 8:] == quantized.generate(ids[:, :8], 16)[:, 8:]).float()
     assert agree.mean() > 0.8
     assert {type(b.mlp.c_fc) for b in quantized.h} == {Int8Linear}
-    with pytest.raises(ValueError, match="quantized"):
+    with pytest.raises(ValueError, match=r"inference-only format \(int8\)"):
         quantized.save_pretrained("unused")
+
+
+def test_transposed_linear_computes_what_nn_linear_does():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(24, 40)
+    x = torch.randn(3, 5, 24)
+    transposed = TransposedLinear(linear.weight.detach().t().contiguous(), linear.bias)
+    torch.testing.assert_close(transposed(x), linear(x), rtol=1e-6, atol=1e-6)
+    no_bias = TransposedLinear(linear.weight.detach().t().contiguous())
+    torch.testing.assert_close(no_bias(x), x @ linear.weight.t(), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("ln_position", ["pre", "post"])
+def test_transposed_model_scores_and_decodes_like_the_original(ln_position, tmp_path):
+    torch.manual_seed(0)
+    config = GPTConfig(
+        vocab_size=97, context_length=32, n_layer=2, n_head=2, d_model=32, ln_position=ln_position
+    )
+    original = GPT(config).eval()
+    transposed = transpose_for_decoding(copy.deepcopy(original))
+    ids = torch.randint(0, 97, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(transposed(ids).logits, original(ids).logits, rtol=1e-5, atol=1e-5)
+    prompt = ids[:, :4]
+    assert torch.equal(transposed.generate(prompt, 16), original.generate(prompt, 16))
+    # One transposed copy of the embedding serves the lookup and the tied output layer.
+    assert transposed.wte.weight.data_ptr() == transposed.lm_head.weight_t.data_ptr()
+    with pytest.raises(ValueError, match="inference-only format"):
+        transposed.save_pretrained(tmp_path / "no")
+
+
+def test_load_for_generation_transposes_fp32_for_cpu_decoding_only(tmp_path, data_dir):
+    torch.manual_seed(0)
+    GPT(GPTConfig(vocab_size=50257, context_length=16, n_layer=1, n_head=2, d_model=16)).save_pretrained(
+        tmp_path
+    )
+    for file in ("encoder.json", "vocab.bpe"):
+        (tmp_path / file).write_bytes((data_dir / "gpt2_bpe" / file).read_bytes())
+    decoding, _ = load_for_generation(tmp_path, device="cpu")
+    scoring, _ = load_for_generation(tmp_path, device="cpu", decoding=False)
+    bf16, _ = load_for_generation(tmp_path, device="cpu", dtype="bfloat16")
+    assert decoding.quantized == TRANSPOSED
+    assert scoring.quantized is None and bf16.quantized is None

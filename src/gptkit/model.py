@@ -330,7 +330,9 @@ class GPT(nn.Module):
     def save_pretrained(self, directory: str | Path) -> None:
         """Write ``config.json`` and ``model.safetensors`` in the Hugging Face format."""
         if self.quantized:
-            raise ValueError(f"this model is quantized ({self.quantized}) for inference: save the original")
+            raise ValueError(
+                f"this model's weights are in an inference-only format ({self.quantized}): save the original"
+            )
         from gptkit.checkpoint import save_pretrained  # convenience, as in from_pretrained
 
         save_pretrained(self, directory)
