@@ -19,6 +19,8 @@ Both are for inference only: such a model is not trained or saved.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn as nn
 
@@ -51,10 +53,8 @@ class Int8Linear(nn.Module):
         return y.reshape(*x.shape[:-1], -1)
 
 
-def quantize_int8(model: GPT) -> GPT:
-    """Quantize ``model`` in place (and return it): bf16 everywhere, int8 weights in every Linear
-    of the blocks and in the output layer."""
-    model.to(torch.bfloat16).eval()
+def _replace_block_linears(model: GPT, convert: Callable[[nn.Linear], nn.Module]) -> None:
+    """Put ``convert(linear)`` in place of each block's four Linears (attention in/out, MLP in/out)."""
     for block in model.h:
         for parent, name in (
             (block.attn, "c_attn"),
@@ -62,8 +62,14 @@ def quantize_int8(model: GPT) -> GPT:
             (block.mlp, "c_fc"),
             (block.mlp, "c_proj"),
         ):
-            linear = getattr(parent, name)
-            setattr(parent, name, Int8Linear(linear.weight, linear.bias))
+            setattr(parent, name, convert(getattr(parent, name)))
+
+
+def quantize_int8(model: GPT) -> GPT:
+    """Quantize ``model`` in place (and return it): bf16 everywhere, int8 weights in every Linear
+    of the blocks and in the output layer."""
+    model.to(torch.bfloat16).eval()
+    _replace_block_linears(model, lambda linear: Int8Linear(linear.weight, linear.bias))
     model.lm_head = Int8Linear(model.wte.weight)  # the tied output layer; the lookup keeps wte
     model.quantized = "int8"
     return model
@@ -89,15 +95,9 @@ def transpose_for_decoding(model: GPT) -> GPT:
     the model): the same fp32 values, a layout CPU decoding streams faster. Inference only."""
     model.eval()
     with torch.no_grad():
-        for block in model.h:
-            for parent, name in (
-                (block.attn, "c_attn"),
-                (block.attn, "c_proj"),
-                (block.mlp, "c_fc"),
-                (block.mlp, "c_proj"),
-            ):
-                linear = getattr(parent, name)
-                setattr(parent, name, TransposedLinear(linear.weight.t().contiguous(), linear.bias))
+        _replace_block_linears(
+            model, lambda linear: TransposedLinear(linear.weight.t().contiguous(), linear.bias)
+        )
         embedding_t = model.wte.weight.detach().t().contiguous()  # (d, V)
         model.lm_head = TransposedLinear(embedding_t)
         # The lookup reads rows of the same storage (a strided view): no second copy of the table.
