@@ -18,6 +18,17 @@ DATA = Path(os.environ.get("GPTKIT_DATA", REPO.parent / "shared" / "data"))
 # the slowest takes a few minutes at most; it keeps a slow path from running for hours.
 TIME_LIMIT_S = float(os.environ.get("GPTKIT_BENCH_TIME_LIMIT_S", "600"))
 sys.path.insert(0, str(REPO))  # the tests' reference implementations serve as peers
+# Where the benchmarks that take a device run (benchmarks/gpu.sh sets cuda); cpu by default.
+DEVICE = os.environ.get("GPTKIT_BENCH_DEVICE", "cpu")
+
+
+def synchronize() -> None:
+    """Wait for the device's queued work, so a clock read after it measures the work (CUDA runs
+    asynchronously; on a CPU there is nothing to wait for)."""
+    if DEVICE.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
 
 
 def machine() -> str:

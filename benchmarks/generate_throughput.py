@@ -6,7 +6,8 @@
 Random weights (speed does not depend on them); the token ids are checked equal in fp32.
 bf16 weights are kept on CPUs without native bf16: decoding multiplies vectors by matrices, not the
 bf16 matrix products that crawl there, and half-size weights halve the memory read per token.
-A measurement running past common.TIME_LIMIT_S is reported as skipped.
+A measurement running past common.TIME_LIMIT_S is reported as skipped. GPTKIT_BENCH_DEVICE=cuda (benchmarks/gpu.sh)
+runs the models on a GPU; the CPU-only formats (the transposed fp32 layout, int8) are then skipped.
 """
 
 from __future__ import annotations
@@ -14,7 +15,17 @@ from __future__ import annotations
 import time
 
 import torch
-from common import TIME_LIMIT_S, MeasurementTimeout, comparison, emit, median, skipped, time_limit
+from common import (
+    DEVICE,
+    TIME_LIMIT_S,
+    MeasurementTimeout,
+    comparison,
+    emit,
+    median,
+    skipped,
+    synchronize,
+    time_limit,
+)
 
 from gptkit import GPT
 from gptkit.quantize import quantize_int8, transpose_for_decoding
@@ -23,8 +34,10 @@ PROMPT, NEW, REPEATS = 32, 128, 3
 
 
 def timed(fn) -> tuple[float, torch.Tensor]:
+    synchronize()
     start = time.perf_counter()
     out = fn()
+    synchronize()
     return time.perf_counter() - start, out
 
 
@@ -54,7 +67,7 @@ def compare(what: str, peer: str, ours_fn, peer_fn, same_ids: bool) -> tuple[dic
 def memory_bandwidth() -> float:
     """Bytes per second this machine moves in a large copy (read + write), best of 5: the limit that
     a decoding step, which reads every weight once, runs into."""
-    source = torch.ones(64 * 2**20)  # 256 MB, far past the caches
+    source = torch.ones(64 * 2**20, device=DEVICE)  # 256 MB, far past the caches
     target = torch.empty_like(source)
     target.copy_(source)
     best = min(timed(lambda: target.copy_(source))[0] for _ in range(5))
@@ -93,10 +106,10 @@ def main() -> None:
     comparisons = []
     with tempfile.TemporaryDirectory() as tmp:
         # (a) GPT-2 small
-        reference = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval()
+        reference = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval().to(DEVICE)
         reference.save_pretrained(tmp)
-        ours = GPT.from_pretrained(tmp)
-        prompt = torch.randint(0, 50257, (1, PROMPT))
+        ours = GPT.from_pretrained(tmp, device=DEVICE)
+        prompt = torch.randint(0, 50257, (1, PROMPT)).to(DEVICE)
         mask = torch.ones_like(prompt)
 
         def peer():
@@ -116,16 +129,15 @@ def main() -> None:
         comparisons.append(row)
         # What `gptkit generate` and load_for_generation run in fp32 on a CPU: the same values, stored
         # transposed (gptkit.quantize.transpose_for_decoding).
-        ours_transposed = transpose_for_decoding(GPT.from_pretrained(tmp))
-        row, _ = compare(
-            "greedy new tok/s, GPT-2 small, fp32, gptkit decoding layout (transposed weights)",
-            name,
-            lambda: ours_transposed.generate(prompt, NEW),
-            peer,
-            True,
-        )
+        what = "greedy new tok/s, GPT-2 small, fp32, gptkit decoding layout (transposed weights)"
+        ours_transposed = None
+        if DEVICE == "cpu":
+            ours_transposed = transpose_for_decoding(GPT.from_pretrained(tmp))
+            row, _ = compare(what, name, lambda: ours_transposed.generate(prompt, NEW), peer, True)
+        else:
+            row = skipped(what, "tok/s", name, "a CPU layout: load_for_generation uses it on CPUs only")
         comparisons.append(row)
-        ours_bf16 = GPT.from_pretrained(tmp, dtype=torch.bfloat16)
+        ours_bf16 = GPT.from_pretrained(tmp, dtype=torch.bfloat16, device=DEVICE)
         row, _ = compare(
             "greedy new tok/s, GPT-2 small, gptkit bf16 weights",
             name,
@@ -134,14 +146,13 @@ def main() -> None:
             False,
         )
         comparisons.append(row)
-        ours_int8 = quantize_int8(GPT.from_pretrained(tmp))
-        row, _ = compare(
-            "greedy new tok/s, GPT-2 small, gptkit int8 weights (bf16 activations)",
-            name,
-            lambda: ours_int8.generate(prompt, NEW),
-            peer,
-            False,
-        )
+        what = "greedy new tok/s, GPT-2 small, gptkit int8 weights (bf16 activations)"
+        ours_int8 = None
+        if DEVICE == "cpu":
+            ours_int8 = quantize_int8(GPT.from_pretrained(tmp))
+            row, _ = compare(what, name, lambda: ours_int8.generate(prompt, NEW), peer, False)
+        else:  # Int8Linear dequantizes the whole matrix off the CPU: no fused kernel to measure
+            row = skipped(what, "tok/s", name, "int8 decoding has a fused kernel on CPUs only")
         comparisons.append(row)
         bandwidth = memory_bandwidth()
         peer_bytes = sum(p.numel() * p.element_size() for p in reference.parameters())
@@ -152,10 +163,10 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         # (b) GPT-1
-        reference = transformers.OpenAIGPTLMHeadModel(transformers.OpenAIGPTConfig()).eval()
+        reference = transformers.OpenAIGPTLMHeadModel(transformers.OpenAIGPTConfig()).eval().to(DEVICE)
         reference.save_pretrained(tmp)
-        ours = GPT.from_pretrained(tmp)
-        prompt = torch.randint(0, 40478, (1, PROMPT))
+        ours = GPT.from_pretrained(tmp, device=DEVICE)
+        prompt = torch.randint(0, 40478, (1, PROMPT)).to(DEVICE)
 
         def peer():
             return reference.generate(
@@ -167,7 +178,7 @@ def main() -> None:
             "greedy new tok/s, GPT-1, fp32", name, lambda: ours.generate(prompt, NEW), peer, True
         )
         comparisons.append(row)
-        ours_bf16 = GPT.from_pretrained(tmp, dtype=torch.bfloat16)
+        ours_bf16 = GPT.from_pretrained(tmp, dtype=torch.bfloat16, device=DEVICE)
         what = "greedy new tok/s, GPT-1, gptkit bf16 weights"
         if peer_tps is None:
             comparisons.append(skipped(what, "tok/s", name, "the fp32 peer's measurement was skipped"))
@@ -180,6 +191,7 @@ def main() -> None:
     emit(
         "generate_throughput",
         comparisons,
+        device=DEVICE,
         prompt_tokens=PROMPT,
         new_tokens=NEW,
         memory_bandwidth_gb_s=round(bandwidth / 1e9, 1),

@@ -13,14 +13,17 @@
 # Which benchmark runs where:
 #   evaluate_throughput.py   --device cuda, in fp32 and in bf16 weights (skipped by the benchmark
 #                            itself where the GPU has no native bf16).
-#   generate_throughput.py   no device option: its models are built on the CPU; it runs here as on
-#                            any machine and measures this machine's CPU.
-#   train_throughput.py      no device option: its workers train on the CPU (bf16 through CPU autocast).
+#   train_throughput.py      GPTKIT_BENCH_DEVICE=cuda: both libraries train on the GPU, fp32 and bf16
+#                            autocast; MFU against an 8192^3 matmul measured in the same run; peak
+#                            memory is the GPU's (max_memory_allocated).
+#   generate_throughput.py   GPTKIT_BENCH_DEVICE=cuda: greedy decoding on the GPU, fp32 and bf16
+#                            weights, the memory-bandwidth fraction against a device copy; the CPU-only
+#                            formats (the transposed fp32 layout, int8) are reported as skipped.
 #   serve_throughput.py      no device option: it starts `gptkit serve --device cpu --dtype float32`.
 #   tokenizer_throughput.py  the tokenizers run on the CPU by nature; nothing to move to a GPU.
 #   prepare_throughput.py    corpus preparation is CPU work (tokenizing, writing shards) by nature.
-# The CPU-only ones are run unchanged (their JSON records the CPU they ran on); moving them onto the
-# GPU is a change to those scripts, not to this one.
+# The CPU-only ones are run unchanged (their JSON records the CPU they ran on); --device-only skips
+# them.
 #
 # Exit status: 2 when there is no CUDA device (nothing is measured); 1 when any benchmark failed (the
 # others still run and print); 0 otherwise. Each JSON line is printed again together at the end.
@@ -32,7 +35,7 @@ for arg in "$@"; do
     case "$arg" in
         --quick) quick=(--quick) ;;
         --device-only) device_only=1 ;;
-        -h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -94,8 +97,10 @@ run() {
 
 run evaluate_throughput --device cuda --dtype float32 "${quick[@]}"
 run evaluate_throughput --device cuda --dtype bfloat16 "${quick[@]}"
+GPTKIT_BENCH_DEVICE=cuda run train_throughput
+GPTKIT_BENCH_DEVICE=cuda run generate_throughput
 if [ "$device_only" = 0 ]; then
-    for name in generate_throughput train_throughput serve_throughput tokenizer_throughput prepare_throughput; do
+    for name in serve_throughput tokenizer_throughput prepare_throughput; do
         run "$name"
     done
 fi

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from common import TIME_LIMIT_S, MeasurementTimeout, comparison, emit, median, skipped
+from common import DEVICE, TIME_LIMIT_S, MeasurementTimeout, comparison, emit, median, skipped, synchronize
 
 SHAPE = dict(n_layer=6, d_model=384, n_head=6, context=256, vocab=40478, batch=8)
 WARMUP, STEPS, REPEATS = 2, 5, 3
@@ -46,7 +46,7 @@ def worker(library: str, precision: str, tuned_malloc: bool = True) -> None:
         from gptkit.train.memory import keep_freed_memory
         from gptkit.train.optim import build_optimizer
 
-        if tuned_malloc:
+        if tuned_malloc and DEVICE == "cpu":
             keep_freed_memory()  # as gptkit's Trainer does on CPU
 
         model = GPT(
@@ -59,7 +59,6 @@ def worker(library: str, precision: str, tuned_malloc: bool = True) -> None:
                 dropout=0.0,
             )
         )
-        optimizer = build_optimizer(model, 1e-4, 0.01)
     else:
         from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel
 
@@ -75,11 +74,15 @@ def worker(library: str, precision: str, tuned_malloc: bool = True) -> None:
                 attn_pdrop=0.0,
             )
         )
+    model.to(DEVICE).train()
+    if library == "gptkit":
+        optimizer = build_optimizer(model, 1e-4, 0.01)  # after the move: its state lives on the device
+    else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
-    model.train()
-    ids = torch.randint(0, s["vocab"], (s["batch"], s["context"]))
+    ids = torch.randint(0, s["vocab"], (s["batch"], s["context"])).to(DEVICE)
+    device_type = torch.device(DEVICE).type
     autocast = (
-        torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
+        torch.autocast(device_type, dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext()
     )
 
     # gptkit's training loop asks for the loss only (no logits returned): the chunked loss path.
@@ -94,11 +97,16 @@ def worker(library: str, precision: str, tuned_malloc: bool = True) -> None:
 
     for _ in range(WARMUP):
         step()
+    synchronize()
     start = time.perf_counter()
     for _ in range(STEPS):
         step()
+    synchronize()
     seconds = time.perf_counter() - start
-    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    if device_type == "cuda":  # the memory that matters is the GPU's
+        peak_mb = torch.cuda.max_memory_allocated() / 2**20
+    else:
+        peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"tokens_per_s": STEPS * s["batch"] * s["context"] / seconds, "peak_rss_mb": peak_mb}))
 
 
@@ -106,15 +114,18 @@ def matmul_peak(precision: str) -> None:
     import torch
 
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+    n = 8192 if DEVICE.startswith("cuda") else 2048  # a GPU needs a larger product to reach its peak
+    a, b = torch.randn(n, n, dtype=dtype, device=DEVICE), torch.randn(n, n, dtype=dtype, device=DEVICE)
     for _ in range(2):
         a @ b
     times = []
     for _ in range(5):
+        synchronize()
         start = time.perf_counter()
         a @ b
+        synchronize()
         times.append(time.perf_counter() - start)
-    print(json.dumps({"flops_per_s": 2 * 2048**3 / median(times)}))
+    print(json.dumps({"flops_per_s": 2 * n**3 / median(times)}))
 
 
 def run(*worker_args: str) -> dict:
@@ -131,7 +142,7 @@ def run(*worker_args: str) -> dict:
 
 def labels(precision: str) -> list[tuple[str, str]]:
     """(what, unit) of each comparison for one precision, measured or skipped."""
-    shape = f"6L/384, ctx 256, batch 8, {precision}"
+    shape = f"6L/384, ctx 256, batch 8, {precision}" + ("" if DEVICE == "cpu" else f", {DEVICE}")
     return [
         (f"train tok/s, {shape}", "tok/s"),
         (f"train tok/s, {shape}, gptkit without malloc tuning", "tok/s"),
@@ -169,7 +180,7 @@ def not_native(precision: str) -> str | None:
 
     from gptkit.hardware import bf16_native
 
-    native = bf16_native(torch.device("cpu"))
+    native = bf16_native(torch.device(DEVICE))
     if precision == "bf16" and not native.native:
         return f"no native bf16: {native.reason}"
     return None
@@ -190,7 +201,7 @@ def main() -> None:
         else:
             comparisons += [skipped(what, unit, PEER, reason) for what, unit in labels(precision)]
             extra[f"matmul_peak_gflops_{precision}"] = None
-    emit("train_throughput", comparisons, **extra)
+    emit("train_throughput", comparisons, device=DEVICE, **extra)
 
 
 if __name__ == "__main__":
