@@ -33,7 +33,9 @@ PAPER      ?= $(RUNS)/paper
 PAPER_PRE  ?= 12m
 PAPER_SLICE ?= --max-train-examples 500 --max-eval-examples 500 --lr 2e-4
 CORPUS      = $(DATA)/gutenberg/*.txt $(DATA)/tinyshakespeare/input.txt
+PAPER_DATA  = gutenberg tinyshakespeare sst2 cola rte mrpc stsb story_cloze snli mnli qnli scitail qqp race
 paper: $(STAMP)
+	@test -d "$(DATA)/story_cloze_2016" || $(PYTHON) -m gptkit data fetch $(PAPER_DATA) --out "$(DATA)"
 	test -f $(PAPER)/tokenizer/tokenizer_config.json || $(PYTHON) -m gptkit tokenizer train --corpus $(CORPUS) \
 		--vocab-size 8000 --style gpt1 --out $(PAPER)/tokenizer
 	test -f $(PAPER)/shards/meta.json || $(PYTHON) -m gptkit prepare $(CORPUS) \

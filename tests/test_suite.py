@@ -3,6 +3,7 @@ independent evaluation path, resuming, and the reports; on a tiny model and slic
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -169,6 +170,8 @@ def test_figure2_transfer_layers(pretrained, data_dir, tmp_path):
     assert [k["transfer_layers"] for k in kept] == [0, 2]
     assert (tmp_path / "layers" / "layers.png").stat().st_size > 0
     assert "| 0 |" in (tmp_path / "layers" / "layers.md").read_text()
+    with pytest.raises(ValueError, match=r"layers.epochs: 1 → 2"):  # the same --out, other settings
+        transfer_curve(dataclasses.replace(config, epochs=2), TRAIN)
     with pytest.raises(ValueError, match=r"outside 0..2"):
         transfer_curve(
             TransferConfig(init=str(pretrained), task="rte", layers=[3], out=str(tmp_path / "x")), TRAIN

@@ -334,7 +334,7 @@ class DataFetchArgs:
 
     names: list[str] = _arg("Datasets: gpt1_bpe, gpt2_bpe, gutenberg, sst2, rte, ...", None, positional=True)
     demo: bool = _arg("What `make demo` needs.", False)
-    all: bool = _arg("Every dataset.", False)
+    all: bool = _arg("Every dataset (with the six archives of the paper's tasks, about 400 MB).", False)
     out: str = _arg("Where to write them.", "data")
     mirror: str | None = _arg("Copy from this local directory instead of downloading.", None)
 

@@ -287,7 +287,7 @@ def read_mctest(statements: Path) -> list[Example]:
 # The other GPT-1 benchmarks: SNLI, MultiNLI, QNLI, SciTail, QQP, RACE ------------------------------
 
 NLI_LABELS = ("entailment", "neutral", "contradiction")
-QNLI_LABELS = ("entailment", "not_entailment")
+BINARY_ENTAILMENT_LABELS = ("entailment", "not_entailment")  # RTE and QNLI
 SCITAIL_LABELS = ("entails", "neutral")
 QQP_LABELS = ("0", "1")
 RACE_LEVELS = ("middle", "high")  # the order a whole split is read in
@@ -387,7 +387,9 @@ def _read_glue_pairs(
 
 def read_qnli(path: Path) -> list[Example]:
     """GLUE QNLI (v2): ``index question sentence label``; premise = question, hypothesis = sentence."""
-    return _read_glue_pairs(path, ("question", "sentence"), ("premise", "hypothesis"), "label", QNLI_LABELS)
+    return _read_glue_pairs(
+        path, ("question", "sentence"), ("premise", "hypothesis"), "label", BINARY_ENTAILMENT_LABELS
+    )
 
 
 def read_qqp(path: Path) -> list[Example]:
@@ -503,9 +505,6 @@ class Dataset:
     # The fixed label set in the order of the head's outputs, so a training slice that misses a
     # class still gets every output; None where the label is an index or a score.
     labels: tuple[str, ...] | None = None
-    # Evaluation splits reported beside dev: report name → split (MultiNLI's mismatched dev set).
-    extra_evals: dict[str, str] = field(default_factory=dict)
-    title: str = ""  # the name papers use
 
 
 _SNLI = "snli/snli_1.0/snli_1.0_{}.jsonl"
@@ -515,39 +514,32 @@ _SPLITS = ("train", "dev", "test")
 
 DATASETS: dict[str, Dataset] = {
     "sst2": Dataset("classification", read_sst2, {"train": "sst2/stsa.binary.train", "dev": "sst2/stsa.binary.dev",
-                                                  "test": "sst2/stsa.binary.test"}, labels=("0", "1"), title="SST-2"),
+                                                  "test": "sst2/stsa.binary.test"}, labels=("0", "1")),
     "cola": Dataset("classification", read_cola, {"train": "cola/in_domain_train.tsv", "dev": "cola/in_domain_dev.tsv",
                                                   "test": "cola/out_of_domain_dev.tsv"}, metric="mcc",
-                    labels=("0", "1"), title="CoLA"),
-    "rte": Dataset("entailment", read_rte, {"train": "rte/train.tsv", "dev": "rte/dev.tsv"}, labels=QNLI_LABELS,
-                   title="RTE"),
+                    labels=("0", "1")),
+    "rte": Dataset("entailment", read_rte, {"train": "rte/train.tsv", "dev": "rte/dev.tsv"}, labels=BINARY_ENTAILMENT_LABELS),
     "mrpc": Dataset("similarity", read_mrpc, {"train": "mrpc/msr-para-train.tsv", "dev": "mrpc/msr-para-val.tsv",
-                                              "test": "mrpc/msr-para-test.tsv"}, metric="f1", labels=("0", "1"),
-                    title="MRPC"),
+                                              "test": "mrpc/msr-para-test.tsv"}, metric="f1", labels=("0", "1")),
     "stsb": Dataset("similarity", read_stsb, {"train": "sts_benchmark/sts-train.csv", "dev": "sts_benchmark/sts-dev.csv",
-                                              "test": "sts_benchmark/sts-test.csv"}, regression=True, metric="pearson",
-                    title="STS-B"),
+                                              "test": "sts_benchmark/sts-test.csv"}, regression=True, metric="pearson"),
     "story_cloze": Dataset("multiple_choice", read_story_cloze, {
         "train": "story_cloze_2016/cloze_test_val__spring2016 - cloze_test_ALL_val.csv",
         "dev": "story_cloze_2016/cloze_test_val__spring2016 - cloze_test_ALL_val.csv",
-        "test": "story_cloze_2016/cloze_test_test__spring2016 - cloze_test_ALL_test.csv"}, title="Story Cloze"),
+        "test": "story_cloze_2016/cloze_test_test__spring2016 - cloze_test_ALL_test.csv"}),
     "mctest": Dataset("multiple_choice", read_mctest, {"train": "mctest/mc500.train.statements.tsv",
                                                        "dev": "mctest/mc500.dev.statements.tsv",
-                                                       "test": "mctest/mc500.test.statements.tsv"}, title="MCTest"),
-    "snli": Dataset("entailment", read_nli, {s: _SNLI.format(s) for s in _SPLITS}, labels=NLI_LABELS, title="SNLI"),
+                                                       "test": "mctest/mc500.test.statements.tsv"}),
+    "snli": Dataset("entailment", read_nli, {s: _SNLI.format(s) for s in _SPLITS}, labels=NLI_LABELS),
     "mnli": Dataset("entailment", read_nli, {"train": _MNLI.format("train"), "dev": _MNLI.format("dev_matched"),
                                              "dev_mismatched": _MNLI.format("dev_mismatched")},
-                    labels=NLI_LABELS, extra_evals={"mismatched": "dev_mismatched"}, title="MultiNLI"),
-    "qnli": Dataset("entailment", read_qnli, {s: f"qnli/{s}.tsv" for s in _SPLITS}, labels=QNLI_LABELS,
-                    title="QNLI"),
-    "scitail": Dataset("entailment", read_scitail, {s: _SCITAIL.format(s) for s in _SPLITS}, labels=SCITAIL_LABELS,
-                       title="SciTail"),
-    "qqp": Dataset("similarity", read_qqp, {s: f"qqp/{s}.tsv" for s in _SPLITS}, metric="f1", labels=QQP_LABELS,
-                   title="QQP"),
-    "race": Dataset("multiple_choice", read_race, {s: f"race/RACE/{s}" for s in _SPLITS}, title="RACE"),
-    "race_middle": Dataset("multiple_choice", read_race, {s: f"race/RACE/{s}/middle" for s in _SPLITS},
-                           title="RACE-m"),
-    "race_high": Dataset("multiple_choice", read_race, {s: f"race/RACE/{s}/high" for s in _SPLITS}, title="RACE-h"),
+                    labels=NLI_LABELS),
+    "qnli": Dataset("entailment", read_qnli, {s: f"qnli/{s}.tsv" for s in _SPLITS}, labels=BINARY_ENTAILMENT_LABELS),
+    "scitail": Dataset("entailment", read_scitail, {s: _SCITAIL.format(s) for s in _SPLITS}, labels=SCITAIL_LABELS),
+    "qqp": Dataset("similarity", read_qqp, {s: f"qqp/{s}.tsv" for s in _SPLITS}, metric="f1", labels=QQP_LABELS),
+    "race": Dataset("multiple_choice", read_race, {s: f"race/RACE/{s}" for s in _SPLITS}),
+    "race_middle": Dataset("multiple_choice", read_race, {s: f"race/RACE/{s}/middle" for s in _SPLITS}),
+    "race_high": Dataset("multiple_choice", read_race, {s: f"race/RACE/{s}/high" for s in _SPLITS}),
 }  # fmt: skip
 
 # GPT-1 (finetune-transformer-lm) split the Story Cloze validation set into 1,497 training and 374

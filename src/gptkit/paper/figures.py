@@ -21,7 +21,7 @@ from gptkit.hardware import DEVICE_HELP
 from gptkit.io import read_json, write_json
 from gptkit.model import GPT
 from gptkit.paper.scores import TASKS
-from gptkit.paper.suite import SuiteConfig, run_task
+from gptkit.paper.suite import SuiteConfig, check_settings, run_task, train_settings
 from gptkit.textgen import load_for_generation
 from gptkit.train.finetune import FinetuneTrainConfig
 
@@ -90,6 +90,11 @@ def transfer_curve(config: TransferConfig, train: FinetuneTrainConfig) -> dict:
     if bad:
         raise ValueError(f"--layers: {bad} outside 0..{n_layer} (the model has {n_layer} blocks)")
     out = Path(config.out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = dataclasses.asdict(config)
+    for name in ("layers", "out", "device", "data_dir"):  # which points, and where: not the settings
+        settings.pop(name)
+    check_settings(out, {"layers": settings, "train": train_settings(train)})
     task = TASKS[config.task]
     points = []
     for k in layers:

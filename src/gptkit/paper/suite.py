@@ -207,9 +207,14 @@ def _settings(config: SuiteConfig, train: FinetuneTrainConfig) -> dict:
     settings = dataclasses.asdict(config)
     for name in ("tasks", "variants", "out", "device", "data_dir"):
         settings.pop(name)
-    train_settings = dataclasses.asdict(train)
-    train_settings.pop("progress")
-    return {"suite": settings, "train": train_settings}
+    return {"suite": settings, "train": train_settings(train)}
+
+
+def train_settings(train: FinetuneTrainConfig) -> dict:
+    """The optimisation settings that change results (a progress bar does not)."""
+    settings = dataclasses.asdict(train)
+    settings.pop("progress")
+    return settings
 
 
 def check_settings(out: Path, settings: dict) -> None:
