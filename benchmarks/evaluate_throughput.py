@@ -96,8 +96,10 @@ def rows(
 
 
 def strided_windows(n_tokens: int, context: int, stride: int) -> list[tuple[int, int, int]]:
-    """(start, end, first target inside the window) as lm.perplexity lays them out: each token scored
-    once, in the window where it has the most context before it."""
+    """(start, end, first target inside the window) as lm.perplexity lays them out for a stride below
+    the context (the benchmark's half context): each token scored once, in the window where it has
+    the most context before it. (At stride == context lm.perplexity starts each window a token
+    earlier; this peer's loop is not used there.)"""
     windows, scored_until, start = [], 1, 0
     while scored_until < n_tokens:
         end = min(start + context, n_tokens)
@@ -189,8 +191,10 @@ def multiple_choice_rows(ours: GPT, peer, tokenizer: Tokenizer, n: int, what: st
         },
         device,
     )
-    if check and results:
+    if check and results and device.type == "cpu":
         assert results["ours"] == results["peer"] == results["unbatched"], "zero-shot accuracy differs"
+    elif check and results:  # GPU kernels may flip a near-tie between two answers: reported, not fatal
+        out[0]["same_accuracy"] = results["ours"] == results["peer"] == results["unbatched"]
     return out
 
 

@@ -59,9 +59,12 @@ def compare(what: str, peer: str, ours_fn, peer_fn, same_ids: bool) -> tuple[dic
         ours_tps, peer_tps, ours_out, peer_out = measure(ours_fn, peer_fn)
     except MeasurementTimeout as e:
         return skipped(what, "tok/s", peer, f"the measurement {e}"), None
-    if same_ids:
+    row = comparison(what, "tok/s", ours_tps, peer, peer_tps)
+    if same_ids and DEVICE == "cpu":
         assert torch.equal(ours_out, peer_out), "greedy ids differ from transformers'"
-    return comparison(what, "tok/s", ours_tps, peer, peer_tps), peer_tps
+    elif same_ids:  # GPU kernels may order sums differently and flip a near-tie: reported, not fatal
+        row["same_ids"] = bool(torch.equal(ours_out, peer_out))
+    return row, peer_tps
 
 
 def memory_bandwidth() -> float:

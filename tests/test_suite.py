@@ -119,6 +119,10 @@ def test_suite_scores_baselines_reports_and_resumes(pretrained, data_dir, tmp_pa
     # Other settings in the same directory would mix results: refused, naming the field.
     with pytest.raises(ValueError, match=r"suite.epochs: 1 → 2"):
         run_suite(_config(pretrained, data_dir, out, tasks=["rte"], epochs=2), TRAIN)
+    # Every torchrun rank would rewrite the same task directories.
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="without torchrun"):
+        run_suite(config, TRAIN)
 
 
 def test_ablations_and_missing_data(pretrained, data_dir, tmp_path):
@@ -208,3 +212,6 @@ def test_figure2_zeroshot_over_checkpoints(pretrained, data_dir, tmp_path, monke
     # Rerun: every checkpoint is already scored.
     monkeypatch.setattr("gptkit.paper.figures.zeroshot", lambda *a, **k: pytest.fail("scored again"))
     assert zeroshot_curve(config)["points"] == report["points"]
+    # Scores of another sample are not mixed into the same curve.
+    with pytest.raises(ValueError, match=r"zeroshot.limit: 8 → 4"):
+        zeroshot_curve(dataclasses.replace(config, limit=4))

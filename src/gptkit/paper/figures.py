@@ -175,6 +175,11 @@ def zeroshot_curve(config: ZeroshotCurveConfig) -> dict:
     """Score every checkpoint (and update 0); writes zeroshot.{json,md,png} in ``out``."""
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
+    # Scores kept from an earlier call are reused: only with the same run, data and sample.
+    settings = dataclasses.asdict(config)
+    for name in ("heuristics", "out", "device"):  # more heuristics may be added to a curve
+        settings.pop(name)
+    check_settings(out, {"zeroshot": settings})
     report_path = out / "zeroshot.json"
     done = {p["step"]: p for p in read_json(report_path)["points"]} if report_path.exists() else {}
     checkpoints = run_checkpoints(config.run)

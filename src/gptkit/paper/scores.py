@@ -65,6 +65,3 @@ TABLE5: dict[str, dict[str, float]] = {
     "no_pretraining": dict(zip(TABLE5_TASKS, (18.9, 84.0, 79.4, 30.9, 65.5, 75.7, 71.2, 53.8))),
 }
 TABLE5_AVERAGE = {"full": 74.7, "no_aux_lm": 75.0, "no_pretraining": 59.9}
-
-# Figure 2 (left) transfers 0..12 layers on these two tasks.
-FIGURE2_TASKS = ("race", "mnli")

@@ -13,6 +13,7 @@ after every task, so they are current whenever the suite stops.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import time
 from collections import Counter
@@ -205,7 +206,7 @@ def run_task(
 def _settings(config: SuiteConfig, train: FinetuneTrainConfig) -> dict:
     """What makes two runs of the suite comparable (not which tasks or variants are asked for)."""
     settings = dataclasses.asdict(config)
-    for name in ("tasks", "variants", "out", "device", "data_dir"):
+    for name in ("tasks", "variants", "out", "device"):
         settings.pop(name)
     return {"suite": settings, "train": train_settings(train)}
 
@@ -213,7 +214,8 @@ def _settings(config: SuiteConfig, train: FinetuneTrainConfig) -> dict:
 def train_settings(train: FinetuneTrainConfig) -> dict:
     """The optimisation settings that change results (a progress bar does not)."""
     settings = dataclasses.asdict(train)
-    settings.pop("progress")
+    for name in ("progress", "log_every", "keep_checkpoints"):
+        settings.pop(name)
     return settings
 
 
@@ -239,6 +241,10 @@ def check_settings(out: Path, settings: dict) -> None:
 
 def run_suite(config: SuiteConfig, train: FinetuneTrainConfig) -> dict[str, dict[str, dict]]:
     """Every requested variant × task; returns {variant: {task: result}} and writes the reports."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        # Every rank would clear, write and report the same task directories: one process runs the
+        # suite; a task's own fine-tuning (gptkit finetune) is what takes torchrun.
+        raise ValueError("gptkit suite runs in one process: start it without torchrun")
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     check_settings(out, _settings(config, train))
