@@ -95,26 +95,10 @@ def rows(
     return out, results
 
 
-def strided_windows(n_tokens: int, context: int, stride: int) -> list[tuple[int, int, int]]:
-    """(start, end, first target inside the window) as lm.perplexity lays them out for a stride below
-    the context (the benchmark's half context): each token scored once, in the window where it has
-    the most context before it. (At stride == context lm.perplexity starts each window a token
-    earlier; this peer's loop is not used there.)"""
-    windows, scored_until, start = [], 1, 0
-    while scored_until < n_tokens:
-        end = min(start + context, n_tokens)
-        windows.append((start, end, scored_until - start))
-        scored_until = end
-        if end == n_tokens:
-            break
-        start += stride
-    return windows
-
-
 def perplexity_rows(ours: GPT, peer, ids: list[int], what: str, device, check: bool) -> list[dict]:
     context = ours.config.context_length
     stride = context // 2
-    windows = strided_windows(len(ids), context, stride)
+    windows = lm.strided_windows(len(ids), context, stride)  # the windows gptkit scores
     tokens = torch.tensor(ids, device=device)
 
     @torch.no_grad()

@@ -244,7 +244,7 @@ class GPT(nn.Module):
 
         logits = None
         if compute_logits:  # h_n·W_e^T
-            logits = self.lm_head(x) if self.lm_head is not None else F.linear(x, self.wte.weight)
+            logits = self.output_layer(x)
         loss = None
         if labels is not None and logits is not None:
             loss = next_token_loss(logits, labels)
@@ -252,6 +252,11 @@ class GPT(nn.Module):
             # Without logits to return, the output layer and the loss are fused (no fp32 logits).
             loss = fused_next_token_loss(x, self.wte.weight, labels)
         return GPTOutput(logits=logits, hidden_states=x, loss=loss)
+
+    def output_layer(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits h·W_e^T (tied), or through the inference replacement ``lm_head`` when there is one;
+        for callers that score only some positions of ``hidden_states``."""
+        return self.lm_head(hidden) if self.lm_head is not None else F.linear(hidden, self.wte.weight)
 
     def _check_inputs(self, input_ids: torch.Tensor, past: int) -> None:
         if input_ids.dim() != 2:

@@ -156,7 +156,17 @@ def _download(url: str, destination: Path, progress: bool = False) -> None:
                     f.write(block)
                     bar.update(len(block))
 
-    atomic_write(destination, write)
+    try:
+        atomic_write(destination, write)
+    except OSError as e:
+        raise OSError(f"could not download {url}: {e} (offline? use --mirror DIR)") from e
+
+
+def _verify(path: Path, expected: str | None) -> None:
+    """A file whose sha256 is not the published one is removed: it is never read."""
+    if expected and _sha256(path) != expected:
+        path.unlink()
+        raise ValueError(f"{path}: checksum mismatch (expected sha256 {expected}); file removed")
 
 
 def _member_path(name: str, archive: Path) -> PurePosixPath:
@@ -237,13 +247,8 @@ def _fetch_archive(name: str, archive: Archive, out_dir: Path, mirror: str | Pat
         return _copy_mirror(archive, Path(mirror), out_dir)
     download = out_dir / ".downloads" / PurePosixPath(urllib.parse.urlparse(archive.url).path).name
     if not download.is_file():  # an archive left by an interrupted extraction is used again
-        try:
-            _download(archive.url, download, progress=True)
-        except OSError as e:
-            raise OSError(f"could not download {archive.url}: {e} (offline? use --mirror DIR)") from e
-    if archive.sha256 and _sha256(download) != archive.sha256:
-        download.unlink()
-        raise ValueError(f"{download}: checksum mismatch (expected sha256 {archive.sha256}); file removed")
+        _download(archive.url, download, progress=True)
+    _verify(download, archive.sha256)
     written = _extract(name, archive, download, out_dir)
     missing = [local for local in archive.expected if not (out_dir / local).exists()]
     if missing:
@@ -279,15 +284,11 @@ def fetch(names: list[str], out_dir: str | Path, mirror: str | Path | None = Non
                 raise FileNotFoundError(f"{origin}: not in the mirror")
             atomic_write(destination, lambda tmp, origin=origin: shutil.copyfile(origin, tmp))
         else:
-            url = RAW.format(repo=source.repo, commit=source.commit, path=urllib.request.quote(remote))
-            try:
-                _download(url, destination)
-            except OSError as e:
-                raise OSError(f"could not download {url}: {e} (offline? use --mirror DIR)") from e
-        expected = (source.sha256 or {}).get(local)
-        if expected and _sha256(destination) != expected:
-            destination.unlink()
-            raise ValueError(f"{destination}: checksum mismatch (expected sha256 {expected}); file removed")
+            _download(
+                RAW.format(repo=source.repo, commit=source.commit, path=urllib.request.quote(remote)),
+                destination,
+            )
+        _verify(destination, (source.sha256 or {}).get(local))
         written.append(destination)
     for name in names:
         if isinstance(archive := SOURCES[name], Archive):

@@ -15,7 +15,6 @@ import math
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from gptkit.data.metrics import accuracy, matthews_corrcoef
 from gptkit.model import GPT
@@ -26,6 +25,24 @@ PAD_TO_MULTIPLE = 16
 # The most output-layer rows × vocabulary entries computed at once when scoring continuations or
 # perplexity windows (2^26 fp32 values: 256 MB), so that a large batch never holds all its logits.
 LOGIT_CHUNK_ELEMENTS = 2**26
+
+
+def strided_windows(n_tokens: int, context: int, stride: int) -> list[tuple[int, int, int]]:
+    """(start, end, index inside the window of its first target not scored before) of the windows
+    that score each of ``n_tokens`` tokens once, windows starting every ``stride`` tokens."""
+    windows = []
+    scored_until = 1  # targets 1..scored_until-1 done (token 0 is never a target)
+    start = 0
+    while scored_until < n_tokens:
+        end = min(start + context, n_tokens)
+        windows.append((start, end, scored_until - start))
+        scored_until = end
+        if end == n_tokens:
+            break
+        # With stride == context the next window would start at its own first target, which nothing
+        # before it in the window predicts: it starts a token earlier, so that every token is scored.
+        start = min(start + stride, scored_until - 1)
+    return windows
 
 
 @torch.no_grad()
@@ -49,18 +66,7 @@ def perplexity(
     if context < 2:  # a window must hold a token and one before it to score anything
         raise ValueError(f"perplexity needs a context of at least 2 tokens, got {context}")
     tokens = torch.as_tensor(list(ids), dtype=torch.long)
-    windows = []  # (start, end, index inside the window of its first target not scored before)
-    scored_until = 1  # targets 1..scored_until-1 done (token 0 is never a target)
-    start = 0
-    while scored_until < len(tokens):
-        end = min(start + context, len(tokens))
-        windows.append((start, end, scored_until - start))
-        scored_until = end
-        if end == len(tokens):
-            break
-        # With stride == context the next window would start at its own first target, which nothing
-        # before it in the window predicts: it starts a token earlier, so that every token is scored.
-        start = min(start + stride, scored_until - 1)
+    windows = strided_windows(len(tokens), context, stride)
     nll, count = 0.0, 0
     device = next(model.parameters()).device
     # Windows of one length run together, batch_size at a time (all but possibly the last are full).
@@ -111,12 +117,6 @@ def _fit_to_context(
     return prefix, continuation
 
 
-def _output_layer(model: GPT, hidden: torch.Tensor) -> torch.Tensor:
-    # The model's own output layer (GPT.forward): an inference replacement when there is one (int8),
-    # else the tied h·W_e^T. Applied here only to the positions scored, not to the whole batch.
-    return model.lm_head(hidden) if model.lm_head is not None else F.linear(hidden, model.wte.weight)
-
-
 def _target_logprobs(model: GPT, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log P(targets[i] | hidden[i]) in fp32, for (N, d) final hidden states and (N,) target ids.
 
@@ -127,7 +127,7 @@ def _target_logprobs(model: GPT, hidden: torch.Tensor, targets: torch.Tensor) ->
     picked = torch.empty(len(targets), device=hidden.device)
     for c in range(0, len(targets), chunk_rows):
         part = slice(c, c + chunk_rows)
-        log_probs = _output_layer(model, hidden[part]).float().log_softmax(-1)
+        log_probs = model.output_layer(hidden[part]).float().log_softmax(-1)
         picked[part] = log_probs.gather(1, targets[part, None]).squeeze(1)
     return picked
 

@@ -21,7 +21,7 @@ from gptkit.hardware import DEVICE_HELP
 from gptkit.io import read_json, write_json
 from gptkit.model import GPT
 from gptkit.paper.scores import TASKS
-from gptkit.paper.suite import SuiteConfig, check_settings, run_task, train_settings
+from gptkit.paper.suite import SuiteConfig, check_settings, run_task, settings_of, train_settings
 from gptkit.textgen import load_for_generation
 from gptkit.train.finetune import FinetuneTrainConfig
 
@@ -91,10 +91,10 @@ def transfer_curve(config: TransferConfig, train: FinetuneTrainConfig) -> dict:
         raise ValueError(f"--layers: {bad} outside 0..{n_layer} (the model has {n_layer} blocks)")
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = dataclasses.asdict(config)
-    for name in ("layers", "out", "device", "data_dir"):  # which points, and where: not the settings
-        settings.pop(name)
-    check_settings(out, {"layers": settings, "train": train_settings(train)})
+    # Which points and where they run are not settings: more block counts may be added to a curve.
+    check_settings(
+        out, {"layers": settings_of(config, "layers", "out", "device"), "train": train_settings(train)}
+    )
     task = TASKS[config.task]
     points = []
     for k in layers:
@@ -176,10 +176,7 @@ def zeroshot_curve(config: ZeroshotCurveConfig) -> dict:
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     # Scores kept from an earlier call are reused: only with the same run, data and sample.
-    settings = dataclasses.asdict(config)
-    for name in ("heuristics", "out", "device"):  # more heuristics may be added to a curve
-        settings.pop(name)
-    check_settings(out, {"zeroshot": settings})
+    check_settings(out, {"zeroshot": settings_of(config, "heuristics", "out", "device")})  # more may be added
     report_path = out / "zeroshot.json"
     done = {p["step"]: p for p in read_json(report_path)["points"]} if report_path.exists() else {}
     checkpoints = run_checkpoints(config.run)

@@ -203,20 +203,22 @@ def run_task(
     return result
 
 
-def _settings(config: SuiteConfig, train: FinetuneTrainConfig) -> dict:
-    """What makes two runs of the suite comparable (not which tasks or variants are asked for)."""
-    settings = dataclasses.asdict(config)
-    for name in ("tasks", "variants", "out", "device"):
-        settings.pop(name)
-    return {"suite": settings, "train": train_settings(train)}
+def settings_of(config: object, *ignored: str) -> dict:
+    """A config's fields as a directory records them, without those that cannot change its results."""
+    return {k: v for k, v in dataclasses.asdict(config).items() if k not in ignored}
 
 
 def train_settings(train: FinetuneTrainConfig) -> dict:
     """The optimisation settings that change results (a progress bar does not)."""
-    settings = dataclasses.asdict(train)
-    for name in ("progress", "log_every", "keep_checkpoints"):
-        settings.pop(name)
-    return settings
+    return settings_of(train, "progress", "log_every", "keep_checkpoints")
+
+
+def _settings(config: SuiteConfig, train: FinetuneTrainConfig) -> dict:
+    """What makes two runs of the suite comparable (not which tasks or variants are asked for)."""
+    return {
+        "suite": settings_of(config, "tasks", "variants", "out", "device"),
+        "train": train_settings(train),
+    }
 
 
 def check_settings(out: Path, settings: dict) -> None:
