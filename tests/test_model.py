@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from gptkit import GPT, GPTConfig
 from gptkit.checkpoint import load_openai_release
+from gptkit.model import fused_next_token_loss
 
 transformers = pytest.importorskip("transformers")
 
@@ -393,3 +394,29 @@ def test_fused_loss_equals_full_logits_loss_and_gradients(bf16):
     torch.testing.assert_close(fused_loss, full_loss, atol=1e-5, rtol=1e-5)
     for a, b in zip(full_grads, fused_grads):
         torch.testing.assert_close(b, a, atol=1e-4 if bf16 else 1e-6, rtol=1e-2 if bf16 else 1e-5)
+
+
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-autocast"])
+def test_fused_loss_in_chunks_equals_cross_entropy(bf16):
+    """Chunked (7 positions at a time, the last chunk short): loss and gradients are those of
+    F.cross_entropy over the full logits, computed independently."""
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 12, 16, requires_grad=True)
+    weight = (torch.randn(40, 16) * 0.5).requires_grad_()
+    labels = torch.randint(0, 40, (2, 12))
+    labels[1, 3] = -100
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        fused = fused_next_token_loss(hidden, weight, labels, chunk_positions=7)
+    fused.backward()
+    fused_grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    # bf16: the same rounding of the product's inputs and of its output (the fused path's matmul
+    # returns bf16 logits, then works in fp32).
+    cast = (lambda t: t.bfloat16().float()) if bf16 else (lambda t: t)
+    logits = cast(cast(hidden)[:, :-1] @ cast(weight).t())
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, 40), labels[:, 1:].reshape(-1))
+    expected.backward()
+    torch.testing.assert_close(fused.float(), expected, atol=1e-5, rtol=1e-5)
+    tol = dict(atol=1e-3, rtol=2e-2) if bf16 else dict(atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(fused_grads[0], hidden.grad, **tol)
+    torch.testing.assert_close(fused_grads[1], weight.grad, **tol)
