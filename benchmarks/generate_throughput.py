@@ -1,13 +1,14 @@
 """Greedy decoding speed: new tokens/s for one 32-token prompt and 128 new tokens.
 
-(a) GPT-2-small shape: gptkit (KV cache; fp32 in nn.Linear's layout and in the transposed decoding layout,
-    bf16 and int8 weights) against GPT2LMHeadModel with its cache.
+(a) GPT-2-small shape: gptkit (KV cache; fp32 in nn.Linear's layout and in the decoding layout that
+    `gptkit generate` uses on a CPU, bf16 weights plain and in that layout, int8 weights) against
+    GPT2LMHeadModel with its cache.
 (b) GPT-1 shape: gptkit against OpenAIGPTLMHeadModel (which recomputes the sequence every step).
 Random weights (speed does not depend on them); the token ids are checked equal in fp32.
 bf16 weights are kept on CPUs without native bf16: decoding multiplies vectors by matrices, not the
 bf16 matrix products that crawl there, and half-size weights halve the memory read per token.
 A measurement running past common.TIME_LIMIT_S is reported as skipped. GPTKIT_BENCH_DEVICE=cuda (benchmarks/gpu.sh)
-runs the models on a GPU; the CPU-only formats (the transposed fp32 layout, int8) are then skipped.
+runs the models on a GPU; the CPU-only formats (the fp32 decoding layout, int8) are then skipped.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from common import (
 )
 
 from gptkit import GPT
-from gptkit.quantize import quantize_int8, transpose_for_decoding
+from gptkit.quantize import decoding_layout, has_decoding_layout, quantize_int8
 
 PROMPT, NEW, REPEATS = 32, 128, 3
 
@@ -78,12 +79,24 @@ def memory_bandwidth() -> float:
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the weights one decoding step reads (parameters and int8 buffers; the position
-    table counts in full, a slight overcount)."""
-    tensors = [*model.parameters(), *(b for b in model.buffers() if b.dtype == torch.int8)]
-    # Tensors sharing storage are read once (the transposed layout's embedding and output layer).
-    unique = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
-    return sum(unique.values())
+    """Bytes of the weights one decoding step reads: every matrix, bias and gain once (parameters,
+    int8 buffers, oneDNN-packed matrices), the token and position tables only where the tied
+    output layer reads the token table whole (a lookup reads one row of each)."""
+    tables = {id(model.wpe.weight)} if hasattr(model, "wpe") else set()
+    if getattr(model, "lm_head", None) is not None:  # the output layer has its own copy
+        tables.add(id(model.wte.weight))
+    tensors = [
+        t
+        for t in (*model.parameters(), *(b for b in model.buffers() if b.dtype == torch.int8 or b.is_mkldnn))
+        if id(t) not in tables
+    ]
+    # Packed (opaque) matrices have no storage to look at: their elements, at least what they hold.
+    packed = sum(t.numel() * t.element_size() for t in tensors if t.is_mkldnn)
+    # Tensors sharing storage are read once (the transposed fallback's embedding and output layer).
+    unique = {
+        t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if not t.is_mkldnn
+    }
+    return packed + sum(unique.values())
 
 
 def bandwidth_rows(rows: list[dict], models: list[torch.nn.Module], peer_bytes: int, bandwidth: float):
@@ -130,13 +143,13 @@ def main() -> None:
             "greedy new tok/s, GPT-2 small, fp32", name, lambda: ours.generate(prompt, NEW), peer, True
         )
         comparisons.append(row)
-        # What `gptkit generate` and load_for_generation run in fp32 on a CPU: the same values, stored
-        # transposed (gptkit.quantize.transpose_for_decoding).
-        what = "greedy new tok/s, GPT-2 small, fp32, gptkit decoding layout (transposed weights)"
-        ours_transposed = None
+        # What `gptkit generate` and load_for_generation run in fp32 on a CPU: the same values, in
+        # the layouts the CPU streams fastest (gptkit.quantize.decoding_layout).
+        what = "greedy new tok/s, GPT-2 small, fp32, gptkit decoding layout (oneDNN-packed)"
+        ours_layout = None
         if DEVICE == "cpu":
-            ours_transposed = transpose_for_decoding(GPT.from_pretrained(tmp))
-            row, _ = compare(what, name, lambda: ours_transposed.generate(prompt, NEW), peer, True)
+            ours_layout = decoding_layout(GPT.from_pretrained(tmp))
+            row, _ = compare(what, name, lambda: ours_layout.generate(prompt, NEW), peer, True)
         else:
             row = skipped(what, "tok/s", name, "a CPU layout: load_for_generation uses it on CPUs only")
         comparisons.append(row)
@@ -149,6 +162,15 @@ def main() -> None:
             False,
         )
         comparisons.append(row)
+        # What `gptkit generate --dtype bfloat16` runs where a CPU multiplies bf16 natively.
+        what = "greedy new tok/s, GPT-2 small, gptkit bf16 weights, decoding layout (oneDNN-packed)"
+        ours_bf16_layout = None
+        if has_decoding_layout(torch.bfloat16, torch.device(DEVICE)):
+            ours_bf16_layout = decoding_layout(GPT.from_pretrained(tmp, dtype=torch.bfloat16))
+            row, _ = compare(what, name, lambda: ours_bf16_layout.generate(prompt, NEW), peer, False)
+        else:
+            row = skipped(what, "tok/s", name, "needs a CPU with native bf16 and PyTorch's oneDNN ops")
+        comparisons.append(row)
         what = "greedy new tok/s, GPT-2 small, gptkit int8 weights (bf16 activations)"
         ours_int8 = None
         if DEVICE == "cpu":
@@ -158,9 +180,14 @@ def main() -> None:
             row = skipped(what, "tok/s", name, "int8 decoding has a fused kernel on CPUs only")
         comparisons.append(row)
         bandwidth = memory_bandwidth()
-        peer_bytes = sum(p.numel() * p.element_size() for p in reference.parameters())
+        peer_bytes = sum(  # the tied output layer once, the position table not (one row a step)
+            p.numel() * p.element_size() for name, p in reference.named_parameters() if "wpe" not in name
+        )
         comparisons += bandwidth_rows(
-            comparisons[-4:], [ours, ours_transposed, ours_bf16, ours_int8], peer_bytes, bandwidth
+            comparisons[-5:],
+            [ours, ours_layout, ours_bf16, ours_bf16_layout, ours_int8],
+            peer_bytes,
+            bandwidth,
         )
         del reference, ours, ours_bf16
 

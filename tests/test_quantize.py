@@ -1,5 +1,5 @@
-"""Inference weight formats: weight-only int8 and the transposed fp32 layout, each layer against its
-float original, and the model's outputs and decoding."""
+"""Inference weight formats: weight-only int8 and the fp32 decoding layout (oneDNN-packed and
+transposed matrices), each layer against its float original, and the model's outputs and decoding."""
 
 from __future__ import annotations
 
@@ -8,8 +8,18 @@ import copy
 import pytest
 import torch
 
-from gptkit import GPT, GPTConfig
-from gptkit.quantize import TRANSPOSED, Int8Linear, TransposedLinear, quantize_int8, transpose_for_decoding
+from gptkit import GPT, GPTConfig, quantize
+from gptkit.hardware import Support
+from gptkit.quantize import (
+    DECODING_LAYOUT,
+    Int8Linear,
+    PackedLinear,
+    TransposedLinear,
+    decoding_layout,
+    has_decoding_layout,
+    onednn_packing_available,
+    quantize_int8,
+)
 from gptkit.textgen import load_for_generation
 
 
@@ -57,26 +67,77 @@ def test_transposed_linear_computes_what_nn_linear_does():
     torch.testing.assert_close(no_bias(x), x @ linear.weight.t(), rtol=1e-6, atol=1e-6)
 
 
+needs_onednn = pytest.mark.skipif(
+    not onednn_packing_available(), reason="this PyTorch lacks oneDNN's linear ops"
+)
+
+
+@needs_onednn
+@pytest.mark.parametrize("rows", [(1,), (7,), (2, 5), (300,)], ids=str)
+def test_packed_linear_computes_what_nn_linear_does(rows):
+    """One row (decoding), a few (a served batch), 3-D input, many (a prompt): nn.Linear's result."""
+    torch.manual_seed(0)
+    for linear in (torch.nn.Linear(24, 40), torch.nn.Linear(24, 40, bias=False)):
+        packed = PackedLinear(linear.weight, linear.bias)
+        x = torch.randn(*rows, 24)
+        with torch.no_grad():
+            torch.testing.assert_close(packed(x), linear(x), rtol=1e-5, atol=1e-6)
+        assert (packed.in_features, packed.out_features) == (24, 40)
+
+
+@pytest.mark.parametrize("packing", [True, False], ids=["onednn-packed", "transposed-fallback"])
 @pytest.mark.parametrize("ln_position", ["pre", "post"])
-def test_transposed_model_scores_and_decodes_like_the_original(ln_position, tmp_path):
+def test_decoding_layout_scores_and_decodes_like_the_original(ln_position, packing, tmp_path, monkeypatch):
+    if packing and not onednn_packing_available():
+        pytest.skip("this PyTorch lacks oneDNN's linear ops")
+    monkeypatch.setattr(quantize, "onednn_packing_available", lambda: packing)
     torch.manual_seed(0)
     config = GPTConfig(
         vocab_size=97, context_length=32, n_layer=2, n_head=2, d_model=32, ln_position=ln_position
     )
     original = GPT(config).eval()
-    transposed = transpose_for_decoding(copy.deepcopy(original))
+    decoding = decoding_layout(copy.deepcopy(original))
+    assert {type(b.mlp.c_fc) for b in decoding.h} == {PackedLinear if packing else TransposedLinear}
     ids = torch.randint(0, 97, (2, 12))
     with torch.no_grad():
-        torch.testing.assert_close(transposed(ids).logits, original(ids).logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(decoding(ids).logits, original(ids).logits, rtol=1e-5, atol=1e-5)
     prompt = ids[:, :4]
-    assert torch.equal(transposed.generate(prompt, 16), original.generate(prompt, 16))
-    # One transposed copy of the embedding serves the lookup and the tied output layer.
-    assert transposed.wte.weight.data_ptr() == transposed.lm_head.weight_t.data_ptr()
+    assert torch.equal(decoding.generate(prompt, 16), original.generate(prompt, 16))
+    assert isinstance(decoding.lm_head, PackedLinear if packing else TransposedLinear)
+    if not packing:  # one transposed copy of the embedding serves the lookup and the output layer
+        assert decoding.wte.weight.data_ptr() == decoding.lm_head.weight_t.data_ptr()
     with pytest.raises(ValueError, match="inference-only format"):
-        transposed.save_pretrained(tmp_path / "no")
+        decoding.save_pretrained(tmp_path / "no")
 
 
-def test_load_for_generation_transposes_fp32_for_cpu_decoding_only(tmp_path, data_dir):
+@pytest.mark.skipif(
+    not has_decoding_layout(torch.bfloat16, torch.device("cpu")), reason="no native bf16 or oneDNN here"
+)
+def test_bf16_decoding_layout_scores_and_decodes_like_the_bf16_original():
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=97, context_length=32, n_layer=2, n_head=2, d_model=32)
+    original = GPT(config).to(torch.bfloat16).eval()
+    decoding = decoding_layout(copy.deepcopy(original))
+    assert isinstance(decoding.lm_head, PackedLinear) and {type(b.attn.c_attn) for b in decoding.h} == {
+        PackedLinear
+    }
+    ids = torch.randint(0, 97, (2, 12))
+    with torch.no_grad():  # bf16 sums in another order: agreement to bf16's resolution
+        torch.testing.assert_close(decoding(ids).logits, original(ids).logits, rtol=2e-2, atol=2e-2)
+    prompt = ids[:, :4]
+    agree = (decoding.generate(prompt, 16) == original.generate(prompt, 16)).float().mean()
+    assert agree > 0.9
+
+
+def test_decoding_layout_refuses_what_it_is_not_for(monkeypatch):
+    with pytest.raises(ValueError, match="not torch.float16 on cpu"):
+        decoding_layout(GPT(GPTConfig.from_preset("tiny")).to(torch.float16))
+    monkeypatch.setattr(quantize, "cpu_bf16_native", lambda: Support(False, "no bf16 here"))
+    assert not has_decoding_layout(torch.bfloat16, torch.device("cpu"))
+    assert not has_decoding_layout(torch.float32, torch.device("meta"))
+
+
+def test_load_for_generation_uses_the_decoding_layout_for_cpu_decoding_only(tmp_path, data_dir):
     torch.manual_seed(0)
     GPT(GPTConfig(vocab_size=50257, context_length=16, n_layer=1, n_head=2, d_model=16)).save_pretrained(
         tmp_path
@@ -86,5 +147,8 @@ def test_load_for_generation_transposes_fp32_for_cpu_decoding_only(tmp_path, dat
     decoding, _ = load_for_generation(tmp_path, device="cpu")
     scoring, _ = load_for_generation(tmp_path, device="cpu", decoding=False)
     bf16, _ = load_for_generation(tmp_path, device="cpu", dtype="bfloat16")
-    assert decoding.quantized == TRANSPOSED
-    assert scoring.quantized is None and bf16.quantized is None
+    assert decoding.quantized == DECODING_LAYOUT
+    assert scoring.quantized is None
+    assert bf16.quantized == (
+        DECODING_LAYOUT if has_decoding_layout(torch.bfloat16, torch.device("cpu")) else None
+    )

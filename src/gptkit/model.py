@@ -76,16 +76,19 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        past = 0
         if cache is not None:
+            past = cache.length
             k, v = cache.append(layer, k, v)  # (B, nh, S, hs), S = past + T
-        # softmax(q·k^T / sqrt(d_head))·v, masked so position i sees only positions <= i.
+        # softmax(q·k^T / sqrt(d_head))·v, masked so position i sees only positions <= i. Without a
+        # mask: causal from an empty cache; one new token after a cache sees every position.
         y = F.scaled_dot_product_attention(
             q,
             k,
             v,
             attn_mask=mask,
             dropout_p=self.dropout if self.training else 0.0,
-            is_causal=mask is None,
+            is_causal=mask is None and past == 0,
         )
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
@@ -279,8 +282,9 @@ class GPT(nn.Module):
 
     @staticmethod
     def _attention_mask(attention_mask, past: int, T: int, device) -> torch.Tensor | None:
-        """Boolean (B, 1, T, past+T) mask, or None when plain causal attention (is_causal) suffices."""
-        if attention_mask is None and past == 0:
+        """Boolean (B, 1, T, past+T) mask, or None where none is needed: no padding, and either no past
+        (plain causal attention) or one new token (it sees every position: a decoding step)."""
+        if attention_mask is None and (past == 0 or T == 1):
             return None
         S = past + T
         query_pos = torch.arange(past, S, device=device).unsqueeze(1)

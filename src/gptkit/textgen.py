@@ -18,7 +18,7 @@ import torch
 from gptkit.generate import generate, stream_ids
 from gptkit.hardware import Choice, resolve_device, resolve_inference_dtype
 from gptkit.model import GPT
-from gptkit.quantize import QUANTIZATIONS, quantize_int8, transpose_for_decoding
+from gptkit.quantize import QUANTIZATIONS, decoding_layout, has_decoding_layout, quantize_int8
 from gptkit.tokenizer import END_OF_TEXT, GPT1_SPECIAL_TOKENS, Tokenizer
 
 # Tokens held back while streaming text: the newest ones may still change how the text reads.
@@ -43,8 +43,9 @@ def load_for_generation(
     another machine or under other load: fix ``dtype`` for reproducible samples (the default here,
     float32, is exact). ``verbose`` prints the choice and its reason. ``quantize="int8"`` stores the
     weights as int8 with bf16 activations (see :mod:`gptkit.quantize`): for decoding on a CPU.
-    float32 weights loaded for decoding on a CPU are stored transposed, the layout its matrix-vector
-    products stream fastest (the same values; sums in another order, so logits agree to ~1e-6).
+    Weights loaded for decoding on a CPU (fp32, or bf16 where it is native) are stored in the layouts
+    its matrix-vector products stream fastest (:func:`gptkit.quantize.decoding_layout`: the same
+    values; sums in another order, so fp32 logits agree to ~1e-6).
     """
     if quantize not in QUANTIZATIONS:
         raise ValueError(f"quantize must be one of {', '.join(QUANTIZATIONS)}, got {quantize!r}")
@@ -58,8 +59,8 @@ def load_for_generation(
     model = GPT.from_pretrained(model_dir, dtype=getattr(torch, choice.value), device=str(torch_device))
     if quantize == "int8":
         model = quantize_int8(model)
-    elif decoding and choice.value == "float32" and torch_device.type == "cpu":
-        model = transpose_for_decoding(model)  # the same fp32 values, streamed faster (quantize.py)
+    elif decoding and has_decoding_layout(getattr(torch, choice.value), torch_device):
+        model = decoding_layout(model)  # the same values, streamed faster on this CPU (quantize.py)
     tokenizer = Tokenizer.from_pretrained(tokenizer_dir or model_dir)
     return model, tokenizer
 
