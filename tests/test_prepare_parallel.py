@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gptkit.data import shards
 from gptkit.data.shards import TokenShard, combine, prepare
 
 
@@ -28,6 +29,27 @@ def test_two_workers_write_the_same_plain_text_shards_as_one(data_dir, tmp_path)
     two = prepared(data_dir / "gpt2_bpe", books, tmp_path / "two", val_fraction=0.1, workers=2)
     assert_same_shards(one, two)
     assert json.loads(two["meta.json"])["counts"]["val"] > 0
+
+
+def test_this_process_and_its_helpers_share_the_batches(data_dir, tmp_path, monkeypatch):
+    """workers=N: this process tokenizes batches too (while the helpers hold TASKS_AHEAD each), and
+    the interleaving of its batches with the helpers' still writes one worker's shards."""
+    books = [data_dir / "gutenberg" / name for name in ("pg11.txt", "pg16.txt")]  # ~7 batches
+    one = prepared(data_dir / "gpt2_bpe", books, tmp_path / "one", workers=1)
+    monkeypatch.setattr(shards, "TASKS_AHEAD", 1)
+    here = []  # texts tokenized in this process (the helpers run their own copy of the module)
+    original = shards._encode
+    monkeypatch.setattr(
+        shards, "_encode", lambda encoder, text, ends: here.append(text) or original(encoder, text, ends)
+    )
+    n_pieces = sum(1 for _ in shards._pieces(books, None, 0.05))
+    for workers in (2, 3):
+        here.clear()
+        assert_same_shards(
+            one, prepared(data_dir / "gpt2_bpe", books, tmp_path / f"w{workers}", workers=workers)
+        )
+        # The helpers take the first batches; this process takes some of the rest, never all.
+        assert 0 < len(here) < n_pieces
 
 
 def test_two_workers_match_one_with_gpt1s_tokenizer(data_dir, tmp_path):

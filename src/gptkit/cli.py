@@ -192,7 +192,8 @@ class PrepareArgs:
     val_fraction: float = _arg("Share of every document held out for validation (by bytes).", 0.05)
     jsonl_field: str | None = _arg("Read JSONL files, one document per line, from this field.", None)
     workers: int | None = _arg(
-        "Processes that tokenize (default: the CPU cores for GPT-1-style tokenizers, 1 for byte-level).",
+        "Processes that tokenize, this one included (default: the CPU cores for GPT-1-style tokenizers, "
+        "1 for byte-level).",
         None,
     )
 

@@ -38,7 +38,7 @@ from gptkit.tokenizer import END_OF_TEXT, Tokenizer
 META_NAME = "meta.json"
 BLOCK_BYTES = 1 << 16  # text is tokenized a block of lines (about 64 kB) at a time
 TASK_BYTES = 1 << 16  # text per task for a worker process (many JSONL documents make one task)
-TASKS_AHEAD = 4  # tasks per worker submitted ahead of the one written next: workers never wait
+TASKS_AHEAD = 2  # tasks per helper submitted ahead: one to run, one queued, so a helper never waits
 
 
 def _decode(lines: list[bytes]) -> str:
@@ -180,38 +180,81 @@ def _pool_context() -> multiprocessing.context.BaseContext:
 
 
 def _encoded_in_pool(
-    pieces: Iterable[_Piece], tokenizer_dir: str, workers: int
+    pieces: Iterable[_Piece], encoder: _Encoder, tokenizer_dir: str, workers: int
 ) -> Iterator[tuple[str, int, np.ndarray]]:
-    """(split, bytes read, ids) of every piece in the corpus's order, tokenized by ``workers`` processes.
+    """(split, bytes read, ids) of every piece in the corpus's order, tokenized by this process and
+    ``workers - 1`` helper processes.
 
-    Batches are submitted as the corpus is read, at most ``TASKS_AHEAD`` per worker ahead of the one written
-    next, so memory is bounded whatever the corpus size (``Pool.imap`` would read the whole corpus
-    into its task queue). A worker's exception is raised here, unchanged.
+    A batch goes to a helper while the helpers hold fewer than ``TASKS_AHEAD`` each; otherwise this
+    process tokenizes it itself, so no core idles while a helper starts (loading the tokenizer takes
+    a fraction of a second) or has work queued; and before waiting on a helper, this process takes
+    back the batches no helper has started. Finished batches are written in order; at most
+    ``2 · TASKS_AHEAD`` per process wait to be written, so memory is bounded whatever the corpus size
+    (``Pool.imap`` would read the whole corpus into its task queue). A helper's exception is raised
+    here, unchanged.
     """
-    in_flight: deque[tuple[list[tuple[str, int]], Future]] = deque()
+    helpers = workers - 1
+    pending: deque[_Batch] = deque()
     executor = ProcessPoolExecutor(
-        workers, mp_context=_pool_context(), initializer=_start_worker, initargs=(tokenizer_dir,)
+        helpers, mp_context=_pool_context(), initializer=_start_worker, initargs=(tokenizer_dir,)
     )
     try:
         for batch in _batches(pieces):
-            if len(in_flight) >= TASKS_AHEAD * workers:
-                yield from _results(*in_flight.popleft())
+            while pending and _finished(pending[0]):
+                yield from _results(pending.popleft())
             texts = [(text, ends_document) for text, _, _, ends_document in batch]
             labels = [(split, n_bytes) for _, split, n_bytes, _ in batch]
-            in_flight.append((labels, executor.submit(_encode_in_worker, texts)))
-        while in_flight:
-            yield from _results(*in_flight.popleft())
-    except BrokenProcessPool as e:  # a worker died: killed, out of memory, or it could not start
+            queued = sum(isinstance(entry.result, Future) for entry in pending)
+            if queued < TASKS_AHEAD * helpers:
+                pending.append(_Batch(labels, texts, executor.submit(_encode_in_worker, texts)))
+            else:
+                pending.append(_Batch(labels, texts, _encode_all(encoder, texts)))
+            while len(pending) > 2 * TASKS_AHEAD * workers:  # wait for the oldest
+                _take_back_unstarted(pending, encoder)
+                yield from _results(pending.popleft())
+        while pending:
+            _take_back_unstarted(pending, encoder)
+            yield from _results(pending.popleft())
+    except BrokenProcessPool as e:  # a helper died: killed, out of memory, or it could not start
         raise RuntimeError(
             f"a tokenizing worker process stopped ({e}); its error, if any, is printed above. "
-            "workers=1 (`gptkit prepare --workers 1`) tokenizes in this process instead"
+            "workers=1 (`gptkit prepare --workers 1`) tokenizes in this process alone"
         ) from e
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
 
 
-def _results(labels: list[tuple[str, int]], result: Future) -> Iterator[tuple[str, int, np.ndarray]]:
-    for (split, n_bytes), ids in zip(labels, result.result(), strict=True):
+@dataclass
+class _Batch:
+    """Consecutive pieces on their way to the shards: their labels (split, bytes read), their texts,
+    and their ids, tokenized here (a list) or by a helper (a Future)."""
+
+    labels: list[tuple[str, int]]
+    texts: list[tuple[str, bool]]
+    result: Future | list[np.ndarray]
+
+
+def _encode_all(encoder: _Encoder, texts: list[tuple[str, bool]]) -> list[np.ndarray]:
+    return [_encode(encoder, text, ends_document) for text, ends_document in texts]
+
+
+def _take_back_unstarted(pending: deque[_Batch], encoder: _Encoder) -> None:
+    """Tokenize here, newest first, the helpers' batches that no helper has started, until the oldest
+    pending batch is finished: the end of the corpus then waits for one batch at most."""
+    for entry in reversed(pending):
+        if _finished(pending[0]):
+            return
+        if isinstance(entry.result, Future) and entry.result.cancel():
+            entry.result = _encode_all(encoder, entry.texts)
+
+
+def _finished(entry: _Batch) -> bool:
+    return not isinstance(entry.result, Future) or entry.result.done()
+
+
+def _results(entry: _Batch) -> Iterator[tuple[str, int, np.ndarray]]:
+    encoded = entry.result.result() if isinstance(entry.result, Future) else entry.result
+    for (split, n_bytes), ids in zip(entry.labels, encoded, strict=True):
         yield split, n_bytes, ids
 
 
@@ -231,9 +274,9 @@ def prepare(
     document (that field's text) and every ⌈1/val_fraction⌉-th document is held out. Documents are
     separated by the end-of-text token when the tokenizer has one.
 
-    ``workers`` processes tokenize (default: the CPU cores this process may use for GPT-1's slow
-    spaCy-based tokenizer, 1 for the byte-level one, which one process outran 2 workers on the
-    Gutenberg books: benchmarks/prepare_throughput.py; 1 tokenizes in this process). The shards are
+    ``workers`` processes tokenize: this one and ``workers - 1`` helpers (default: the CPU cores
+    this process may use for GPT-1's slow spaCy-based tokenizer, 1 for the byte-level one, which is
+    faster than handing text to another process: benchmarks/prepare_throughput.py). The shards are
     byte for byte the same for any number of workers.
     """
     if not 0.0 <= val_fraction < 1.0:
@@ -259,7 +302,7 @@ def prepare(
     workers = min(workers, -(-total_bytes // BLOCK_BYTES))  # no more workers than blocks of text
     pieces = _pieces(files, jsonl_field, val_fraction)
     if workers > 1:
-        encoded = _encoded_in_pool(pieces, str(Path(tokenizer_dir).resolve()), workers)
+        encoded = _encoded_in_pool(pieces, encoder, str(Path(tokenizer_dir).resolve()), workers)
     else:
         encoded = _encoded_here(pieces, encoder)
     counts = {"train": 0, "val": 0}
