@@ -98,3 +98,17 @@ def test_describe_records_the_cpu():
     info = hardware.describe()
     assert info["cpu"]["aten_capability"] == torch.backends.cpu.get_cpu_capability()
     assert isinstance(info["cpu_bf16_native"], bool)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "no-onednn"])
+def test_the_timed_decoding_product_is_x_times_w_transposed(dtype, onednn, monkeypatch):
+    """What dtype="auto" times for decoding is the product decoding runs, in each of its forms."""
+    if onednn and not hardware.onednn_packing_available():
+        pytest.skip("this PyTorch lacks oneDNN's linear ops")
+    monkeypatch.setattr(hardware, "onednn_packing_available", lambda: onednn)
+    torch.manual_seed(0)
+    weight, x = torch.randn(48, 32).to(dtype), torch.randn(1, 32).to(dtype)
+    expected = (x.float() @ weight.float().t()).to(dtype)
+    tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=5e-2)
+    torch.testing.assert_close(hardware._decoding_product(weight)(x), expected, **tolerance)

@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from gptkit import GPT, GPTConfig, quantize
+from gptkit import GPT, GPTConfig, hardware, quantize
 from gptkit.hardware import Support
 from gptkit.quantize import (
     DECODING_LAYOUT,
@@ -132,7 +132,7 @@ def test_bf16_decoding_layout_scores_and_decodes_like_the_bf16_original():
 def test_decoding_layout_refuses_what_it_is_not_for(monkeypatch):
     with pytest.raises(ValueError, match="not torch.float16 on cpu"):
         decoding_layout(GPT(GPTConfig.from_preset("tiny")).to(torch.float16))
-    monkeypatch.setattr(quantize, "cpu_bf16_native", lambda: Support(False, "no bf16 here"))
+    monkeypatch.setattr(hardware, "cpu_bf16_native", lambda: Support(False, "no bf16 here"))
     assert not has_decoding_layout(torch.bfloat16, torch.device("cpu"))
     assert not has_decoding_layout(torch.float32, torch.device("meta"))
 

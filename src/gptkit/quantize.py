@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
-from gptkit.hardware import cpu_bf16_native
+from gptkit.hardware import has_decoding_layout, onednn_packing_available
 from gptkit.model import GPT
 
 QUANTIZATIONS = ("none", "int8")
@@ -110,25 +110,6 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
-
-
-def onednn_packing_available() -> bool:
-    """Whether this PyTorch has the oneDNN linear ops PackedLinear uses (private ops, hence checked)."""
-    return (
-        torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-    )
-
-
-def has_decoding_layout(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether :func:`decoding_layout` applies: fp32 on a CPU, or bf16 on a CPU that multiplies
-    bf16 natively and a PyTorch with oneDNN's ops (elsewhere bf16 weights stay as they are)."""
-    if device.type != "cpu":
-        return False
-    if dtype == torch.float32:
-        return True
-    return dtype == torch.bfloat16 and onednn_packing_available() and cpu_bf16_native().native
 
 
 def decoding_layout(model: GPT) -> GPT:
