@@ -8,7 +8,7 @@ Random weights (speed does not depend on them); the token ids are checked equal 
 bf16 weights are kept on CPUs without native bf16: decoding multiplies vectors by matrices, not the
 bf16 matrix products that crawl there, and half-size weights halve the memory read per token.
 A measurement running past common.TIME_LIMIT_S is reported as skipped. GPTKIT_BENCH_DEVICE=cuda (benchmarks/gpu.sh)
-runs the models on a GPU; the CPU-only formats (the fp32 decoding layout, int8) are then skipped.
+runs the models on a GPU; the CPU-only formats (the decoding layout, int8) are then skipped.
 """
 
 from __future__ import annotations

@@ -34,6 +34,19 @@ def test_cached_decoding_equals_full_recomputation(ln_position):
     assert torch.equal(generate(model, prompt, 20, use_cache=False), sequence)
 
 
+@pytest.mark.parametrize("ln_position", ["post", "pre"])
+def test_a_cache_filled_in_chunks_gives_the_full_sequences_logits(ln_position):
+    """Several new tokens after a non-empty cache (a prompt fed in chunks) need the causal mask
+    offset by the past; one new token needs none. Every position's logits equal one full pass."""
+    model = tiny(ln_position)
+    ids = torch.randint(0, 512, (2, 12))
+    with torch.no_grad():
+        full = model(ids).logits
+        cache = KVCache(model.config, 2, 12)
+        chunks = [model(ids[:, start:end], cache=cache).logits for start, end in ((0, 5), (5, 6), (6, 12))]
+    torch.testing.assert_close(torch.cat(chunks, dim=1), full, atol=1e-5, rtol=1e-5)
+
+
 def test_greedy_ids_equal_transformers_gpt2(tmp_path):
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(

@@ -106,9 +106,18 @@ def test_the_timed_decoding_product_is_x_times_w_transposed(dtype, onednn, monke
     """What dtype="auto" times for decoding is the product decoding runs, in each of its forms."""
     if onednn and not hardware.onednn_packing_available():
         pytest.skip("this PyTorch lacks oneDNN's linear ops")
+    if onednn and dtype == torch.bfloat16 and not hardware.cpu_bf16_native().native:
+        pytest.skip("bf16 is packed only where the CPU multiplies it natively")
     monkeypatch.setattr(hardware, "onednn_packing_available", lambda: onednn)
     torch.manual_seed(0)
     weight, x = torch.randn(48, 32).to(dtype), torch.randn(1, 32).to(dtype)
     expected = (x.float() @ weight.float().t()).to(dtype)
     tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=5e-2)
     torch.testing.assert_close(hardware._decoding_product(weight)(x), expected, **tolerance)
+
+
+def test_the_decoding_dtype_is_measured_once_per_process():
+    hardware._cpu_decoding_prefers_bf16.cache_clear()
+    first = hardware._cpu_decoding_prefers_bf16()
+    assert hardware._cpu_decoding_prefers_bf16() is first  # the same answer, not a new measurement
+    assert first[1] > 0

@@ -1,4 +1,4 @@
-"""Inference weight formats: weight-only int8 and the fp32 decoding layout (oneDNN-packed and
+"""Inference weight formats: weight-only int8 and the decoding layout (oneDNN-packed and
 transposed matrices), each layer against its float original, and the model's outputs and decoding."""
 
 from __future__ import annotations
@@ -108,6 +108,10 @@ def test_decoding_layout_scores_and_decodes_like_the_original(ln_position, packi
         assert decoding.wte.weight.data_ptr() == decoding.lm_head.weight_t.data_ptr()
     with pytest.raises(ValueError, match="inference-only format"):
         decoding.save_pretrained(tmp_path / "no")
+    assert not any(p.requires_grad for p in decoding.parameters())
+    if packing:  # the opaque packed matrices cannot follow a move or a cast
+        with pytest.raises(ValueError, match="cannot be moved or cast"):
+            decoding.to(torch.bfloat16)
 
 
 @pytest.mark.skipif(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+import platform
 import time
 import warnings
 from dataclasses import dataclass
@@ -134,18 +135,30 @@ def resolve_precision(precision: str, device: torch.device) -> Choice:
 
 @functools.cache
 def onednn_packing_available() -> bool:
-    """Whether this PyTorch has the oneDNN linear ops that gptkit.quantize.PackedLinear uses (private
-    ops, hence checked)."""
+    """Whether weights can be prepacked for oneDNN's linear op here (gptkit.quantize.PackedLinear):
+    an x86-64 CPU, where the gain was measured, and a PyTorch with the ops (private, hence checked)."""
     return (
-        torch.backends.mkldnn.is_available()
+        platform.machine().lower() in ("x86_64", "amd64")
+        and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     )
 
 
+def onednn_pack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` (out, in) reordered into oneDNN's blocked layout: an opaque tensor for
+    :func:`onednn_linear`, packed for one row at a time (decoding); the product takes any number."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 1)
+
+
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x · Wᵀ + b with a weight from :func:`onednn_pack`."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
 def has_decoding_layout(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether gptkit.quantize.decoding_layout applies: fp32 on a CPU, or bf16 on a CPU that
-    multiplies bf16 natively and a PyTorch with oneDNN's ops (elsewhere bf16 weights stay as they are)."""
+    multiplies bf16 natively and can prepack for oneDNN (elsewhere bf16 weights stay as they are)."""
     if device.type != "cpu":
         return False
     if dtype == torch.float32:
@@ -158,13 +171,14 @@ def _decoding_product(weight: torch.Tensor):
     prepacked for oneDNN where it applies, fp32 transposed where oneDNN is missing, else as stored)."""
     if has_decoding_layout(weight.dtype, weight.device):
         if onednn_packing_available():
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
-            return lambda x: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+            packed = onednn_pack(weight)
+            return lambda x: onednn_linear(x, packed, None)
         transposed = weight.t().contiguous()
         return lambda x: x @ transposed
     return lambda x: torch.nn.functional.linear(x, weight)
 
 
+@functools.cache
 def _cpu_decoding_prefers_bf16() -> tuple[bool, float]:
     """Time one matrix-vector product as decoding runs it, fp32 against bf16 weights, on a matrix
     larger than the caches (64 MB in fp32).

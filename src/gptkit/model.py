@@ -431,4 +431,6 @@ def fused_next_token_loss(
     targets = labels[:, 1:].reshape(-1)
     if chunk_positions is None:
         chunk_positions = max(64, (1 << 25) // weight.size(0) // 64 * 64)
+    elif chunk_positions < 1:
+        raise ValueError(f"chunk_positions must be at least 1, got {chunk_positions}")
     return _FusedLMLoss.apply(rows, weight, targets, chunk_positions)

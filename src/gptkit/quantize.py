@@ -14,12 +14,12 @@ fast the weights stream from memory. Two formats take that bound further than ``
   ``nn.Linear``'s BLAS call runs on one: GPT-2 small's 48 block matrices, one token, 2 cores: fp32
   15.7 against 25.5 ms in ``nn.Linear``'s layout (and still ahead for batches of 4-512 rows), bf16
   9.7 against 13.0 ms; the 154 MB fp32 output layer 5-6.6 against 12.7 ms. The token lookup keeps
-  its own table, so the embedding is held twice. Where PyTorch lacks the oneDNN ops, fp32 matrices
-  are stored transposed instead, which ``addmm`` streams faster than ``nn.Linear``'s layout (about
-  1.2× for the blocks, 1.7× for the output layer, which then shares its copy with the lookup), and
-  bf16 is left as it is.
+  its own table, so the embedding is held twice. Where PyTorch lacks the oneDNN ops, or off x86-64
+  (where the gain was not measured), fp32 matrices are stored transposed instead, which ``addmm``
+  streams faster than ``nn.Linear``'s layout (about 1.2× for the blocks, 1.7× for the output layer,
+  which then shares its copy with the lookup), and bf16 is left as it is.
 
-Both are for inference only: such a model is not trained or saved.
+Both are for inference only: such a model is not trained or saved (nor, packed, moved or cast).
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
-from gptkit.hardware import has_decoding_layout, onednn_packing_available
+from gptkit.hardware import has_decoding_layout, onednn_linear, onednn_pack, onednn_packing_available
 from gptkit.model import GPT
 
 QUANTIZATIONS = ("none", "int8")
-DECODING_LAYOUT = "fp32-decoding-layout"  # GPT.quantized of a model in the decoding layout
+DECODING_LAYOUT = "decoding-layout"  # GPT.quantized of a model in the decoding layout
 
 
 class Int8Linear(nn.Module):
@@ -98,18 +98,24 @@ class TransposedLinear(nn.Module):
 
 class PackedLinear(nn.Module):
     """y = x · Wᵀ + b through oneDNN, with W prepacked once into its blocked layout (an opaque
-    tensor: inference only, CPU only, not saved; ``in_features``/``out_features`` as nn.Linear's)."""
+    tensor: inference only, on the CPU and in the dtype it was built in, not saved or copied;
+    ``in_features``/``out_features`` as nn.Linear's)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        # Packed for one row at a time (decoding); the product accepts any number of rows.
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 1)
-        self.register_buffer("packed_weight", packed, persistent=False)
+        self.register_buffer("packed_weight", onednn_pack(weight), persistent=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        return onednn_linear(x, self.packed_weight, self.bias)
+
+    def _apply(self, fn, recurse=True):
+        # .to(), .float(), .cuda() and the like would fail deep inside PyTorch on the opaque tensor.
+        raise ValueError(
+            "a model in the decoding layout (oneDNN-packed weights) cannot be moved or cast: "
+            "load the original weights again for another device or dtype"
+        )
 
 
 def decoding_layout(model: GPT) -> GPT:
@@ -126,7 +132,7 @@ def decoding_layout(model: GPT) -> GPT:
             f"the decoding layout is for fp32 (or natively supported bf16) models on a CPU, "
             f"not {weight.dtype} on {weight.device}"
         )
-    model.eval()
+    model.eval().requires_grad_(False)  # inference only: packed matrices have no gradient
     with torch.no_grad():
         if onednn_packing_available():
             _replace_block_linears(model, lambda linear: PackedLinear(linear.weight, linear.bias))

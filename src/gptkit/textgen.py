@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 
 from gptkit.generate import generate, stream_ids
-from gptkit.hardware import Choice, resolve_device, resolve_inference_dtype
+from gptkit.hardware import Choice, has_decoding_layout, resolve_device, resolve_inference_dtype
 from gptkit.model import GPT
-from gptkit.quantize import QUANTIZATIONS, decoding_layout, has_decoding_layout, quantize_int8
+from gptkit.quantize import QUANTIZATIONS, decoding_layout, quantize_int8
 from gptkit.tokenizer import END_OF_TEXT, GPT1_SPECIAL_TOKENS, Tokenizer
 
 # Tokens held back while streaming text: the newest ones may still change how the text reads.

@@ -179,19 +179,36 @@ def _pool_context() -> multiprocessing.context.BaseContext:
     return context
 
 
+@dataclass
+class _Batch:
+    """Consecutive pieces on their way to the shards: their labels (split, bytes read) and their ids,
+    tokenized here (a list) or by a helper (a Future)."""
+
+    labels: list[tuple[str, int]]
+    result: Future | list[np.ndarray]
+
+    def finished(self) -> bool:
+        return not isinstance(self.result, Future) or self.result.done()
+
+    def results(self) -> Iterator[tuple[str, int, np.ndarray]]:
+        encoded = self.result.result() if isinstance(self.result, Future) else self.result
+        for (split, n_bytes), ids in zip(self.labels, encoded, strict=True):
+            yield split, n_bytes, ids
+
+
 def _encoded_in_pool(
     pieces: Iterable[_Piece], encoder: _Encoder, tokenizer_dir: str, workers: int
 ) -> Iterator[tuple[str, int, np.ndarray]]:
     """(split, bytes read, ids) of every piece in the corpus's order, tokenized by this process and
     ``workers - 1`` helper processes.
 
-    A batch goes to a helper while the helpers hold fewer than ``TASKS_AHEAD`` each; otherwise this
-    process tokenizes it itself, so no core idles while a helper starts (loading the tokenizer takes
-    a fraction of a second) or has work queued; and before waiting on a helper, this process takes
-    back the batches no helper has started. Finished batches are written in order; at most
-    ``2 · TASKS_AHEAD`` per process wait to be written, so memory is bounded whatever the corpus size
-    (``Pool.imap`` would read the whole corpus into its task queue). A helper's exception is raised
-    here, unchanged.
+    A batch goes to a helper while the helpers have fewer than ``TASKS_AHEAD`` unfinished batches
+    each; otherwise this process tokenizes it itself, so no core idles while a helper starts
+    (loading the tokenizer takes a fraction of a second) or has work queued, and at the end of the
+    corpus this process waits for at most ``TASKS_AHEAD`` batches per helper. Finished batches are
+    written in order; at most ``2 · TASKS_AHEAD`` per process wait to be written, so memory is
+    bounded whatever the corpus size (``Pool.imap`` would read the whole corpus into its task
+    queue). A helper's exception is raised here, unchanged.
     """
     helpers = workers - 1
     pending: deque[_Batch] = deque()
@@ -200,21 +217,19 @@ def _encoded_in_pool(
     )
     try:
         for batch in _batches(pieces):
-            while pending and _finished(pending[0]):
-                yield from _results(pending.popleft())
+            while pending and pending[0].finished():
+                yield from pending.popleft().results()
             texts = [(text, ends_document) for text, _, _, ends_document in batch]
             labels = [(split, n_bytes) for _, split, n_bytes, _ in batch]
-            queued = sum(isinstance(entry.result, Future) for entry in pending)
-            if queued < TASKS_AHEAD * helpers:
-                pending.append(_Batch(labels, texts, executor.submit(_encode_in_worker, texts)))
+            unfinished = sum(isinstance(entry.result, Future) and not entry.finished() for entry in pending)
+            if unfinished < TASKS_AHEAD * helpers:
+                pending.append(_Batch(labels, executor.submit(_encode_in_worker, texts)))
             else:
-                pending.append(_Batch(labels, texts, _encode_all(encoder, texts)))
+                pending.append(_Batch(labels, [_encode(encoder, text, ends) for text, ends in texts]))
             while len(pending) > 2 * TASKS_AHEAD * workers:  # wait for the oldest
-                _take_back_unstarted(pending, encoder)
-                yield from _results(pending.popleft())
+                yield from pending.popleft().results()
         while pending:
-            _take_back_unstarted(pending, encoder)
-            yield from _results(pending.popleft())
+            yield from pending.popleft().results()
     except BrokenProcessPool as e:  # a helper died: killed, out of memory, or it could not start
         raise RuntimeError(
             f"a tokenizing worker process stopped ({e}); its error, if any, is printed above. "
@@ -222,40 +237,6 @@ def _encoded_in_pool(
         ) from e
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
-
-
-@dataclass
-class _Batch:
-    """Consecutive pieces on their way to the shards: their labels (split, bytes read), their texts,
-    and their ids, tokenized here (a list) or by a helper (a Future)."""
-
-    labels: list[tuple[str, int]]
-    texts: list[tuple[str, bool]]
-    result: Future | list[np.ndarray]
-
-
-def _encode_all(encoder: _Encoder, texts: list[tuple[str, bool]]) -> list[np.ndarray]:
-    return [_encode(encoder, text, ends_document) for text, ends_document in texts]
-
-
-def _take_back_unstarted(pending: deque[_Batch], encoder: _Encoder) -> None:
-    """Tokenize here, newest first, the helpers' batches that no helper has started, until the oldest
-    pending batch is finished: the end of the corpus then waits for one batch at most."""
-    for entry in reversed(pending):
-        if _finished(pending[0]):
-            return
-        if isinstance(entry.result, Future) and entry.result.cancel():
-            entry.result = _encode_all(encoder, entry.texts)
-
-
-def _finished(entry: _Batch) -> bool:
-    return not isinstance(entry.result, Future) or entry.result.done()
-
-
-def _results(entry: _Batch) -> Iterator[tuple[str, int, np.ndarray]]:
-    encoded = entry.result.result() if isinstance(entry.result, Future) else entry.result
-    for (split, n_bytes), ids in zip(entry.labels, encoded, strict=True):
-        yield split, n_bytes, ids
 
 
 def prepare(
