@@ -183,8 +183,9 @@ def _cpu_decoding_prefers_bf16() -> tuple[bool, float]:
     """Time one matrix-vector product as decoding runs it, fp32 against bf16 weights, on a matrix
     larger than the caches (64 MB in fp32).
 
-    Returns (bf16 is at least 10% faster, fp32 time / bf16 time). About 0.2 s: the first few calls
-    are slow while oneDNN prepares its kernels, so each dtype is warmed up first.
+    Returns (bf16 is at least 10% faster, fp32 time / bf16 time). About 0.25 s on an idle 2-core
+    machine (more under load): the first few calls are slow while oneDNN prepares its kernels, so
+    each dtype is warmed up first.
     """
     generator = torch.Generator().manual_seed(0)
     weight = torch.randn(4096, 4096, generator=generator)
