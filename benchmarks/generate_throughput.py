@@ -143,15 +143,23 @@ def main() -> None:
             "greedy new tok/s, GPT-2 small, fp32", name, lambda: ours.generate(prompt, NEW), peer, True
         )
         comparisons.append(row)
+
+        def optional(what: str, unavailable: str | None, build, same_ids: bool):
+            """The row of a format this device may lack (skipped, with the reason) and its model."""
+            if unavailable:
+                return skipped(what, "tok/s", name, unavailable), None
+            model = build()
+            return compare(what, name, lambda: model.generate(prompt, NEW), peer, same_ids)[0], model
+
+        on_cpu = None if DEVICE == "cpu" else "a CPU format: gptkit uses it on CPUs only"
         # What `gptkit generate` and load_for_generation run in fp32 on a CPU: the same values, in
         # the layouts the CPU streams fastest (gptkit.quantize.decoding_layout).
-        what = "greedy new tok/s, GPT-2 small, fp32, gptkit decoding layout (oneDNN-packed)"
-        ours_layout = None
-        if DEVICE == "cpu":
-            ours_layout = decoding_layout(GPT.from_pretrained(tmp))
-            row, _ = compare(what, name, lambda: ours_layout.generate(prompt, NEW), peer, True)
-        else:
-            row = skipped(what, "tok/s", name, "a CPU layout: load_for_generation uses it on CPUs only")
+        row, ours_layout = optional(
+            "greedy new tok/s, GPT-2 small, fp32, gptkit decoding layout (oneDNN-packed)",
+            on_cpu,
+            lambda: decoding_layout(GPT.from_pretrained(tmp)),
+            True,
+        )
         comparisons.append(row)
         ours_bf16 = GPT.from_pretrained(tmp, dtype=torch.bfloat16, device=DEVICE)
         row, _ = compare(
@@ -163,21 +171,22 @@ def main() -> None:
         )
         comparisons.append(row)
         # What `gptkit generate --dtype bfloat16` runs where a CPU multiplies bf16 natively.
-        what = "greedy new tok/s, GPT-2 small, gptkit bf16 weights, decoding layout (oneDNN-packed)"
-        ours_bf16_layout = None
-        if has_decoding_layout(torch.bfloat16, torch.device(DEVICE)):
-            ours_bf16_layout = decoding_layout(GPT.from_pretrained(tmp, dtype=torch.bfloat16))
-            row, _ = compare(what, name, lambda: ours_bf16_layout.generate(prompt, NEW), peer, False)
-        else:
-            row = skipped(what, "tok/s", name, "needs a CPU with native bf16 and PyTorch's oneDNN ops")
+        row, ours_bf16_layout = optional(
+            "greedy new tok/s, GPT-2 small, gptkit bf16 weights, decoding layout (oneDNN-packed)",
+            None
+            if has_decoding_layout(torch.bfloat16, torch.device(DEVICE))
+            else "needs a CPU with native bf16 and PyTorch's oneDNN ops",
+            lambda: decoding_layout(GPT.from_pretrained(tmp, dtype=torch.bfloat16)),
+            False,
+        )
         comparisons.append(row)
-        what = "greedy new tok/s, GPT-2 small, gptkit int8 weights (bf16 activations)"
-        ours_int8 = None
-        if DEVICE == "cpu":
-            ours_int8 = quantize_int8(GPT.from_pretrained(tmp))
-            row, _ = compare(what, name, lambda: ours_int8.generate(prompt, NEW), peer, False)
-        else:  # Int8Linear dequantizes the whole matrix off the CPU: no fused kernel to measure
-            row = skipped(what, "tok/s", name, "int8 decoding has a fused kernel on CPUs only")
+        # int8 off the CPU: Int8Linear dequantizes the whole matrix, no fused kernel to measure.
+        row, ours_int8 = optional(
+            "greedy new tok/s, GPT-2 small, gptkit int8 weights (bf16 activations)",
+            on_cpu,
+            lambda: quantize_int8(GPT.from_pretrained(tmp)),
+            False,
+        )
         comparisons.append(row)
         bandwidth = memory_bandwidth()
         peer_bytes = sum(  # the tied output layer once, the position table not (one row a step)
