@@ -18,7 +18,14 @@ from gptkit.checkpoint import read_state_dict, save_state_dict
 from gptkit.data.shards import TokenShard, WindowSampler, prepare
 from gptkit.tokenizer import Tokenizer
 from gptkit.train.loop import NonFiniteLossError, TrainConfig, Trainer, read_metrics
-from gptkit.train.optim import build_optimizer, learning_rate
+from gptkit.train.optim import (
+    Muon,
+    block_matrices,
+    build_optimizer,
+    build_optimizers,
+    learning_rate,
+    orthogonalize,
+)
 from gptkit.train.pretrain import PretrainBatches, make_evaluator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,11 +110,62 @@ def test_schedule_and_weight_decay_groups():
     assert learning_rate(60, 1.0, 10, 110, "cosine") == pytest.approx(0.5)  # halfway down the cosine
     assert learning_rate(110, 1.0, 10, 110, "cosine") == pytest.approx(0.0, abs=1e-12)
     assert learning_rate(60, 1.0, 10, 110, "linear") == pytest.approx(0.5)
+    # Warm-up, stable, decay: the full rate until the last 20% of the 100 updates after warm-up.
+    assert learning_rate(89, 1.0, 10, 110, "wsd") == pytest.approx(1.0)
+    assert learning_rate(100, 1.0, 10, 110, "wsd") == pytest.approx(0.5)
+    assert learning_rate(109, 1.0, 10, 110, "wsd") == pytest.approx(0.05)
     model = small_model(vocab=100)
     decay, no_decay = build_optimizer(model, 1e-3, 0.01).param_groups
     assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
     assert len(decay["params"]) + len(no_decay["params"]) == len(list(model.parameters()))
+
+
+def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
+    model = small_model(vocab=100)
+    muon, adamw = build_optimizers(model, "muon", 1e-3, 0.01)
+    assert isinstance(muon, Muon) and isinstance(adamw, torch.optim.AdamW)
+    in_muon = {id(p) for group in muon.param_groups for p in group["params"]}
+    in_adamw = {id(p) for group in adamw.param_groups for p in group["params"]}
+    names = {id(p): name for name, p in model.named_parameters()}
+    # 2 blocks × (c_attn, attn.c_proj, c_fc, mlp.c_proj): the four weight matrices of each block.
+    assert sorted(names[i] for i in in_muon) == sorted(
+        f"h.{b}.{m}.weight"
+        for b in range(2)
+        for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+    )
+    assert not in_muon & in_adamw and in_muon | in_adamw == set(names)
+    assert "wte.weight" in {names[i] for i in in_adamw}  # the tied embedding stays with AdamW
+    assert len(block_matrices(model)) == 8
+    with pytest.raises(ValueError, match="adamw, muon"):
+        build_optimizers(model, "sgd", 1e-3, 0.01)
+
+
+def test_muon_matches_torchs_muon_and_orthogonalizes():
+    """Ours in bf16 takes torch.optim.Muon's steps (the same rule); fp32, for CPUs without native
+    bf16, gives the same directions more precisely: singular values near 1, singular vectors kept."""
+    torch.manual_seed(0)
+    shapes = [(48, 16), (16, 64)]
+    ours = [torch.nn.Parameter(torch.randn(*s) * 0.1) for s in shapes]
+    reference = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    mine = Muon(ours, lr=0.02, weight_decay=0.1, ns_dtype=torch.bfloat16)
+    theirs = torch.optim.Muon(reference, lr=0.02, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+    for _ in range(3):
+        for a, b in zip(ours, reference):
+            a.grad = torch.randn_like(a)
+            b.grad = a.grad.clone()
+        mine.step()
+        theirs.step()
+    for a, b in zip(ours, reference):
+        assert torch.allclose(a, b, atol=2e-3), (a - b).abs().max()
+    matrix = torch.randn(32, 80, dtype=torch.float64)
+    u, _, vt = torch.linalg.svd(matrix, full_matrices=False)
+    result = orthogonalize(matrix, dtype=torch.float64)
+    core = u.t() @ result @ vt.t()  # diagonal where the singular vectors are kept
+    assert torch.allclose(core, torch.diag(torch.diagonal(core)), atol=1e-6)
+    assert 0.5 < torch.diagonal(core).min() and torch.diagonal(core).max() < 1.5
+    with pytest.raises(ValueError, match="2-D matrices only"):
+        Muon([torch.nn.Parameter(torch.zeros(3))], lr=0.1)
 
 
 # The loop ---------------------------------------------------------------------------------------
@@ -178,18 +236,20 @@ def test_loss_falls_and_files_are_written(shards, tmp_path):
     assert json.loads((tmp_path / "checkpoints" / "latest.json").read_text())["step"] == 30
 
 
-def test_interrupted_and_resumed_run_matches_uninterrupted(shards, tmp_path):
-    """Ctrl-C after step 5 saves a checkpoint; resuming gives the same losses, dropout included."""
-    straight, _ = make_trainer(shards, tmp_path / "a", loop_config())
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_interrupted_and_resumed_run_matches_uninterrupted(shards, tmp_path, optimizer):
+    """Ctrl-C after step 5 saves a checkpoint; resuming gives the same losses, dropout included,
+    and both optimizers' state (Muon's momentum beside AdamW's moments) comes back."""
+    straight, _ = make_trainer(shards, tmp_path / "a", loop_config(optimizer=optimizer))
     straight.fit()
     expected = [r["loss"] for r in read_metrics(tmp_path / "a" / "metrics.jsonl") if "loss" in r]
 
-    first, _ = make_trainer(shards, tmp_path / "b", loop_config(), interrupt_at=6)
+    first, _ = make_trainer(shards, tmp_path / "b", loop_config(optimizer=optimizer), interrupt_at=6)
     with pytest.raises(KeyboardInterrupt, match="interrupted at step 5; checkpoint saved"):
         first.fit()
     assert json.loads((tmp_path / "b" / "checkpoints" / "latest.json").read_text())["step"] == 5
     torch.manual_seed(12345)  # a fresh process would not share the first run's RNG
-    second, _ = make_trainer(shards, tmp_path / "b", loop_config(), model=small_model())
+    second, _ = make_trainer(shards, tmp_path / "b", loop_config(optimizer=optimizer), model=small_model())
     second.resume(second.latest_checkpoint(), read_state_dict)
     second.fit()
     resumed = [r["loss"] for r in read_metrics(tmp_path / "b" / "metrics.jsonl") if "loss" in r]

@@ -127,17 +127,17 @@ def full_model_state_dict(wrapped: nn.Module, ctx: DistributedContext) -> dict[s
     return get_model_state_dict(module, options=_full_options(module, ctx))
 
 
-def full_state_dicts(wrapped: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistributedContext):
+def full_state_dicts(wrapped: nn.Module, optimizers: list[torch.optim.Optimizer], ctx: DistributedContext):
     """Whole (unsharded) model and optimizer state on every rank's CPU, keyed by parameter name."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     module = unwrap(wrapped)
     model_state = full_model_state_dict(wrapped, ctx)  # first: as torch's own examples order them
-    optim_state = get_optimizer_state_dict(module, optimizer, options=_full_options(module, ctx))
+    optim_state = get_optimizer_state_dict(module, optimizers, options=_full_options(module, ctx))
     return model_state, optim_state
 
 
-def load_full_state_dicts(wrapped: nn.Module, optimizer, model_state, optim_state) -> None:
+def load_full_state_dicts(wrapped: nn.Module, optimizers, model_state, optim_state) -> None:
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         set_model_state_dict,
@@ -147,4 +147,4 @@ def load_full_state_dicts(wrapped: nn.Module, optimizer, model_state, optim_stat
     module = unwrap(wrapped)
     options = StateDictOptions(full_state_dict=True)
     set_model_state_dict(module, model_state, options=options)
-    set_optimizer_state_dict(module, optimizer, optim_state, options=options)
+    set_optimizer_state_dict(module, optimizers, optim_state, options=options)

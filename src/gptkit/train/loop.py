@@ -30,7 +30,7 @@ import torch.nn as nn
 from tqdm import tqdm
 
 from gptkit.config import check_choices, config_error
-from gptkit.hardware import resolve_precision
+from gptkit.hardware import bf16_native, resolve_precision
 from gptkit.io import atomic_write, read_json, read_train_state, write_json
 from gptkit.train.distributed import (
     DistributedContext,
@@ -40,7 +40,7 @@ from gptkit.train.distributed import (
     unwrap,
 )
 from gptkit.train.memory import keep_freed_memory
-from gptkit.train.optim import build_optimizer, learning_rate
+from gptkit.train.optim import build_optimizers, learning_rate
 
 CHECKPOINTS = "checkpoints"
 PLAN_AFTER_UPDATES = 4  # updates timed (after the first) before a time budget is planned
@@ -72,8 +72,19 @@ class TrainConfig:
             "when training is shorter than 20,000 updates)."
         },
     )
-    schedule: Literal["cosine", "linear", "constant"] = field(
-        default="cosine", metadata={"help": "Decay after warm-up, to 0 at max_steps."}
+    schedule: Literal["cosine", "linear", "wsd", "constant"] = field(
+        default="cosine",
+        metadata={
+            "help": "Decay after warm-up, to 0 at max_steps (wsd: hold the rate, then decay linearly over "
+            "the last 20%)."
+        },
+    )
+    optimizer: Literal["adamw", "muon"] = field(
+        default="adamw",
+        metadata={
+            "help": "adamw (the paper's), or muon: torch.optim.Muon for the blocks' matrices, AdamW for "
+            "the rest (same --lr)."
+        },
     )
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW decay on weights of rank >= 2."})
     beta1: float = field(default=0.9, metadata={"help": "Adam β1."})
@@ -256,8 +267,16 @@ class Trainer:
         self.run_config = run_config or {}
         self.step = 0
         self.tokens_seen = 0
-        self.optimizer = build_optimizer(
-            unwrap(model), config.lr, config.weight_decay, (config.beta1, config.beta2), config.eps
+        self.precision = resolve_precision(config.precision, self.ctx.device)
+        self.optimizers = build_optimizers(
+            unwrap(model),
+            config.optimizer,
+            config.lr,
+            config.weight_decay,
+            (config.beta1, config.beta2),
+            config.eps,
+            # Muon's iteration in bf16 only where bf16 products are native (as training's autocast).
+            ns_dtype=torch.bfloat16 if bf16_native(self.ctx.device).native else torch.float32,
         )
         per_rank = config.batch_size // self.ctx.world_size
         self.micro_batch_size = min(config.micro_batch_size or per_rank, per_rank)
@@ -270,7 +289,6 @@ class Trainer:
         if self.ctx.device.type == "cpu":
             keep_freed_memory()  # see gptkit.train.memory: a third of a CPU step otherwise
         self.last_metrics: dict[str, float] = {}
-        self.precision = resolve_precision(config.precision, self.ctx.device)
         # The plan: updates to run and their warm-up. A time budget replaces it once the first
         # updates are timed; the config itself is never changed.
         if config.max_steps is None:
@@ -288,7 +306,7 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         """Write model + optimizer + schedule position + RNG + data position; all ranks must call it."""
-        model_state, optim_state = full_state_dicts(self.model, self.optimizer, self.ctx)
+        model_state, optim_state = full_state_dicts(self.model, self.optimizers, self.ctx)
         rng_states = self.ctx.all_gather_object(_rng_state())
         final = self.checkpoint_dir / f"step-{self.step:07d}"
         if self.ctx.is_main:
@@ -331,7 +349,7 @@ class Trainer:
     def resume(self, checkpoint: Path, load_model_state: Callable[[Path], dict[str, torch.Tensor]]) -> None:
         """Continue exactly where ``checkpoint`` stopped: same weights, moments, step, data, RNG."""
         state = read_train_state(checkpoint / TRAIN_STATE)
-        load_full_state_dicts(self.model, self.optimizer, load_model_state(checkpoint), state["optimizer"])
+        load_full_state_dicts(self.model, self.optimizers, load_model_state(checkpoint), state["optimizer"])
         self.step = int(state["step"])
         self.tokens_seen = int(state.get("tokens_seen", 0))
         # A run planned for a time budget keeps its plan: the schedule must not change under it.
@@ -493,8 +511,9 @@ class Trainer:
         batch = self.data.next_batch()
         micro_batches = split_micro_batches(batch, self.micro_batch_size)
         lr = learning_rate(self.step, config.lr, self.warmup_steps, self.max_steps, config.schedule)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        for optimizer in self.optimizers:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
         self.forward.train()
         total_loss = torch.zeros((), device=ctx.device)
         n_tokens = 0
@@ -517,7 +536,7 @@ class Trainer:
         loss_value, norm_value = float(total_loss), float(grad_norm)
         if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
             message = f"step {self.step + 1}: loss is {loss_value}, gradient norm is {norm_value}"
-            self.optimizer.zero_grad(set_to_none=True)
+            self._zero_grad()
             if config.on_nonfinite == "stop":
                 raise NonFiniteLossError(
                     f"{message}; stopping (the last checkpoint is intact). Lower --lr, or pass "
@@ -525,11 +544,16 @@ class Trainer:
                 )
             warnings.warn(f"{message}; skipping this update", stacklevel=2)
         else:
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            for optimizer in self.optimizers:
+                optimizer.step()
+            self._zero_grad()
         self.step += 1
         self.tokens_seen += n_tokens * ctx.world_size
         return loss_value, norm_value, n_tokens
+
+    def _zero_grad(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
 
     def _after_step(self, loss: float, grad_norm: float, tokens_per_s: float) -> None:
         config = self.config
@@ -539,7 +563,7 @@ class Trainer:
             record = {
                 "step": self.step,
                 "loss": loss,
-                "lr": self.optimizer.param_groups[0]["lr"],
+                "lr": self.optimizers[0].param_groups[0]["lr"],
                 "grad_norm": grad_norm,
                 "tokens_per_s": tokens_per_s,
                 "tokens_seen": self.tokens_seen,
