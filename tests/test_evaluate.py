@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from gptkit import GPT, GPTConfig
-from gptkit.data.metrics import f1, matthews_corrcoef, pearson, spearman
+from gptkit.data.metrics import f1, matthews_corrcoef, paired_difference, pearson, spearman
 from gptkit.evaluate import lm
 from gptkit.evaluate.tradeoff import _distinct, _unigram_f1, passages_from_text, sweep
 from gptkit.quantize import quantize_int8
@@ -155,6 +155,39 @@ def test_metrics_by_hand():
     assert pearson([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [1, 8, 27, 64]) == pytest.approx(1.0)
     assert spearman([1, 2, 2, 3], [3, 2, 2, 1]) == pytest.approx(-1.0)
+
+
+def test_paired_difference_by_hand():
+    # Differences 1, 0, 0, 1: mean 0.5, sample sd sqrt(1/3), standard error sqrt(1/3) / 2.
+    difference, stderr = paired_difference([1, 1, 0, 1], [0, 1, 0, 0])
+    assert difference == pytest.approx(0.5) and stderr == pytest.approx((1 / 3) ** 0.5 / 2)
+    # The same per-example gain on every example: no noise left once paired.
+    assert paired_difference([0.9, 0.5, 0.7], [0.8, 0.4, 0.6]) == pytest.approx((0.1, 0.0))
+    with pytest.raises(ValueError, match="same examples: 3 against 2"):
+        paired_difference([1, 0, 1], [1, 0])
+
+
+def test_bits_per_byte_of_a_uniform_model_is_log2_vocab_per_token(data_dir, tmp_path):
+    """Zero output weights predict every token with probability 1/V: each scored token costs
+    log2(V) bits, and the bytes are those of the held-out text as read (line ends made plain)."""
+    from gptkit.data.shards import prepare
+
+    text = "The cat sat on the mat.\r\nAnd then it slept.\r\n" * 40
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(text.encode("utf-8"))
+    meta = prepare(
+        data_dir / "gpt2_bpe", [corpus], tmp_path / "shards", val_fraction=0.25, show_progress=False
+    )
+    plain = text.replace("\r\n", "\n").encode("utf-8")
+    assert meta["text_bytes"]["train"] + meta["text_bytes"]["val"] == len(plain)
+    model = GPT(GPTConfig(vocab_size=50257, context_length=16, n_layer=1, n_head=2, d_model=8, dropout=0.0))
+    with torch.no_grad():
+        model.wte.weight.zero_()
+    result = lm.held_out_bits_per_byte(model.eval(), tmp_path / "shards")
+    scored = meta["counts"]["val"] - 1  # every token but the first, whatever the window size
+    assert result["tokens"] == scored
+    expected = scored * torch.log2(torch.tensor(50257.0)).item() / meta["text_bytes"]["val"]
+    assert result["bits_per_byte"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_tradeoff_measures_by_hand():

@@ -70,3 +70,22 @@ def regression_metrics(predictions: Sequence[float], targets: Sequence[float]) -
         "spearman": spearman(predictions, targets),
         "mse": sum((p - t) ** 2 for p, t in zip(predictions, targets)) / max(len(targets), 1),
     }
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
+    """Mean of ``a[i] - b[i]`` and its standard error, for two systems scored on the same examples
+    (per-example scores such as 1/0 for correct/wrong).
+
+    The pairing removes the examples' own difficulty from the noise: the error is
+    sd(a - b) / sqrt(n), usually far below what two independent accuracies' errors would add up
+    to (a paired bootstrap of the mean converges to the same figure).
+    """
+    if len(a) != len(b):
+        raise ValueError(f"paired scores need the same examples: {len(a)} against {len(b)}")
+    n = len(a)
+    if n < 2:
+        raise ValueError(f"a paired standard error needs at least 2 examples, got {n}")
+    diffs = [x - y for x, y in zip(a, b)]
+    mean = sum(diffs) / n
+    variance = sum((d - mean) ** 2 for d in diffs) / (n - 1)
+    return mean, math.sqrt(variance / n)

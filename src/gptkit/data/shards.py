@@ -114,6 +114,13 @@ def _pieces(files: Sequence[Path], jsonl_field: str | None, val_fraction: float)
             yield "", "train", 0, True
 
 
+def _counted(pieces: Iterable[_Piece], text_bytes: dict[str, int]) -> Iterator[_Piece]:
+    """The pieces unchanged, adding each one's UTF-8 text bytes to its split's count."""
+    for piece in pieces:
+        text_bytes[piece[1]] += len(piece[0].encode("utf-8"))
+        yield piece
+
+
 def _encoder_for(tokenizer: Tokenizer) -> _Encoder:
     separator = [tokenizer.special_tokens[END_OF_TEXT]] if END_OF_TEXT in tokenizer.special_tokens else []
     return tokenizer, separator, _dtype_for(len(tokenizer))
@@ -281,7 +288,9 @@ def prepare(
 
     total_bytes = sum(f.stat().st_size for f in files)
     workers = min(workers, -(-total_bytes // BLOCK_BYTES))  # no more workers than blocks of text
-    pieces = _pieces(files, jsonl_field, val_fraction)
+    # UTF-8 bytes of the text each split holds (line ends made plain): the denominator of bits per byte.
+    text_bytes = {"train": 0, "val": 0}
+    pieces = _counted(_pieces(files, jsonl_field, val_fraction), text_bytes)
     if workers > 1:
         encoded = _encoded_in_pool(pieces, encoder, str(Path(tokenizer_dir).resolve()), workers)
     else:
@@ -316,6 +325,7 @@ def prepare(
         "n_special": tokenizer.n_special,
         "dtype": dtype.name,
         "counts": counts,
+        "text_bytes": text_bytes,
         "files": [str(f) for f in files],
         "val_fraction": val_fraction,
         "jsonl_field": jsonl_field,

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
+import numpy as np
 import torch
 
 from gptkit.data.metrics import accuracy, matthews_corrcoef
+from gptkit.data.shards import TokenShard
 from gptkit.model import GPT
 
 # Batches of (prefix, continuation) pairs are right-padded to a multiple of this many tokens: a few
@@ -65,7 +68,10 @@ def perplexity(
         raise ValueError("perplexity needs at least 2 tokens")
     if context < 2:  # a window must hold a token and one before it to score anything
         raise ValueError(f"perplexity needs a context of at least 2 tokens, got {context}")
-    tokens = torch.as_tensor(list(ids), dtype=torch.long)
+    if isinstance(ids, np.ndarray):  # a shard's memory-mapped tokens, as they are
+        tokens = torch.from_numpy(ids.astype(np.int64))
+    else:
+        tokens = torch.as_tensor(list(ids), dtype=torch.long)
     windows = strided_windows(len(tokens), context, stride)
     nll, count = 0.0, 0
     device = next(model.parameters()).device
@@ -86,6 +92,34 @@ def perplexity(
             count += picked.numel()
     mean = nll / count
     return {"tokens": count, "nll": mean, "perplexity": math.exp(min(mean, 50.0))}
+
+
+def bits_per_byte(nll: float, tokens: int, text_bytes: int) -> float:
+    """Total negative log-likelihood in bits over the UTF-8 bytes of the text scored: comparable
+    across tokenizers and vocabulary sizes, unlike a per-token loss or perplexity.
+    ``nll`` is the mean per token in nats, over ``tokens`` tokens (as :func:`perplexity` returns)."""
+    if text_bytes <= 0:
+        raise ValueError(f"bits per byte needs a text of at least one byte, got {text_bytes}")
+    return nll * tokens / math.log(2) / text_bytes
+
+
+def held_out_bits_per_byte(model: GPT, data_dir: str | Path, batch_size: int = 16) -> dict[str, float]:
+    """Bits per byte of the validation split written by `gptkit prepare` in ``data_dir``: every token
+    scored once (windows of the model's context, each with a token of overlap; the very first token
+    has no context and is the only one not scored), over the split's UTF-8 text bytes."""
+    shard = TokenShard.open(data_dir, "val")
+    text_bytes = shard.meta.get("text_bytes", {}).get("val")
+    if not isinstance(text_bytes, int):
+        raise ValueError(
+            f"{Path(data_dir) / 'meta.json'}: no text_bytes.val (shards prepared before gptkit counted "
+            "their text's bytes): re-run `gptkit prepare`"
+        )
+    result = perplexity(model, shard.tokens, stride=model.config.context_length, batch_size=batch_size)
+    return {
+        **result,
+        "bytes": text_bytes,
+        "bits_per_byte": bits_per_byte(result["nll"], result["tokens"], text_bytes),
+    }
 
 
 @torch.no_grad()

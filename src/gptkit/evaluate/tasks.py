@@ -29,3 +29,18 @@ def predict(
 ) -> list[dict]:
     """One record per example, in order (see :meth:`TaskModel.predict`)."""
     return _load(model, device).predict(examples, batch_size)
+
+
+def correct_per_example(
+    model: TaskModel | str | Path, examples: Sequence[Example], batch_size: int = 64, device: str = "auto"
+) -> list[int]:
+    """1 where the model's label (class or choice) is the example's, else 0, in order: what a paired
+    comparison of two models on the same examples needs (:func:`gptkit.data.metrics.paired_difference`)."""
+    model = _load(model, device)
+    if model.spec.regression:
+        raise ValueError(
+            "correct_per_example needs a classification or multiple-choice model, not regression"
+        )
+    encoded = model.encode(examples, require_labels=True)
+    predictions = model.logits(encoded, batch_size).argmax(-1).tolist()
+    return [int(p == e.target) for p, e in zip(predictions, encoded)]
