@@ -24,7 +24,7 @@ test: $(STAMP)
 	GPTKIT_DATA=$(DATA) $(PYTHON) -m pytest
 
 demo: $(STAMP)
-	@test -d "$(DATA)/gutenberg" || $(PYTHON) -m gptkit data fetch --demo --out "$(DATA)"
+	@test -d "$(DATA)/gutenberg" -a -d "$(DATA)/story_cloze_2016" || $(PYTHON) -m gptkit data fetch --demo --out "$(DATA)"
 	GPTKIT_DATA=$(DATA) $(PYTHON) -m gptkit demo --data $(DATA) --out $(RUNS)/demo
 
 # The paper's experiments on a CPU slice (docs/paper.md): pre-train a demo-sized GPT, then every

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -37,6 +38,22 @@ def test_quick_demo_runs_every_stage(demo):
     assert set(summary["sst2_dev_accuracy"]) == {"pretrained", "from_scratch", "majority_class"}
     assert summary["sst2_dev_accuracy"]["majority_class"] == pytest.approx(444 / 872)
     assert len(summary["samples"]) == 3 and all(summary["samples"].values())
+    # Each task's comparison, recomputed from the per-example outcomes each run kept.
+    sizes = {"sst2": ("dev", 872), "story_cloze": ("test", 1871)}
+    assert set(summary["tasks"]) == set(sizes)
+    for name, result in summary["tasks"].items():
+        split, size = sizes[name]
+        outcomes = {}
+        for init in ("pretrained", "from_scratch"):
+            kept = json.loads((demo / f"{name}-{init}" / "report_correct.json").read_text())
+            assert kept["split"] == split and len(kept["correct"]) == size
+            outcomes[init] = np.array(kept["correct"], dtype=float)
+            assert result[init] == pytest.approx(outcomes[init].mean())
+        paired = outcomes["pretrained"] - outcomes["from_scratch"]
+        assert result["difference"] == pytest.approx(paired.mean())
+        assert result["stderr"] == pytest.approx(paired.std(ddof=1) / np.sqrt(size))
+        assert result["metric"] == f"{split} accuracy" and 0.4 < result["majority_class"] < 0.6
+    assert summary["tasks"]["sst2"]["pretrained"] == summary["sst2_dev_accuracy"]["pretrained"]
     for name in (
         "tokenizer/encoder.json",
         "pretrain/model.safetensors",

@@ -350,6 +350,10 @@ class DemoArgs:
     time_budget: str = _arg("Wall-clock budget for pre-training.", "5m")
     precision: Literal["auto", "fp32", "bf16"] = _arg("Training precision (auto: by the hardware).", "auto")
     device: str = _arg(DEVICE_HELP, "auto")
+    recipe: Literal["minutes", "baseline"] = _arg(
+        "Pre-training recipe: minutes (chosen for a CPU's minutes), or baseline (the demo's before issue 18).",
+        "minutes",
+    )
 
 
 # The commands -------------------------------------------------------------------------------------
@@ -505,7 +509,7 @@ def cmd_serve(args: ServeArgs) -> None:
 
 
 def cmd_perplexity(args: PerplexityArgs) -> None:
-    from gptkit.evaluate.lm import perplexity
+    from gptkit.evaluate.lm import bits_per_byte, perplexity
     from gptkit.textgen import load_for_generation
 
     model, tokenizer = load_for_generation(
@@ -517,8 +521,11 @@ def cmd_perplexity(args: PerplexityArgs) -> None:
         verbose=True,
         quantize=args.quantize,
     )
-    ids = tokenizer.encode(Path(args.file).read_text(encoding="utf-8"))
-    print(json.dumps({"file": args.file, **perplexity(model, ids, stride=args.stride)}))
+    text = Path(args.file).read_text(encoding="utf-8")
+    result = perplexity(model, tokenizer.encode(text), stride=args.stride)
+    # Over the text's bytes: comparable with models of other tokenizers (the first token is unscored).
+    result["bits_per_byte"] = bits_per_byte(result["nll"], result["tokens"], len(text.encode("utf-8")))
+    print(json.dumps({"file": args.file, **result}))
 
 
 def cmd_zeroshot(args: ZeroshotArgs) -> None:
@@ -599,6 +606,7 @@ def cmd_demo(args: DemoArgs) -> None:
         time_budget=args.time_budget,
         precision=args.precision,
         device=args.device,
+        recipe=args.recipe,
     )
 
 

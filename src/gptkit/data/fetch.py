@@ -132,7 +132,7 @@ SOURCES: dict[str, Source | Archive] = {
 }  # fmt: skip
 
 # What `make demo` needs.
-DEMO = ("gutenberg", "tinyshakespeare", "sst2")
+DEMO = ("gutenberg", "tinyshakespeare", "sst2", "story_cloze")
 
 
 def _sha256(path: Path) -> str:
