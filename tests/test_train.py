@@ -137,6 +137,8 @@ def test_muon_takes_the_blocks_matrices_and_adamw_the_rest():
     assert not in_muon & in_adamw and in_muon | in_adamw == set(names)
     assert "wte.weight" in {names[i] for i in in_adamw}  # the tied embedding stays with AdamW
     assert len(block_matrices(model)) == 8
+    _, slower = build_optimizers(model, "muon", 1e-3, 0.01, adamw_lr_scale=0.25)
+    assert all(g["lr"] == pytest.approx(2.5e-4) and g["lr_scale"] == 0.25 for g in slower.param_groups)
     with pytest.raises(ValueError, match="adamw, muon"):
         build_optimizers(model, "sgd", 1e-3, 0.01)
 

@@ -86,6 +86,13 @@ class TrainConfig:
             "the rest (same --lr)."
         },
     )
+    adamw_lr_scale: float = field(
+        default=1.0,
+        metadata={
+            "help": "With --optimizer muon: AdamW's rate (embeddings, biases, gains) as a fraction of --lr. "
+            "Keeps the embeddings at a scale that fine-tuning can still move."
+        },
+    )
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW decay on weights of rank >= 2."})
     beta1: float = field(default=0.9, metadata={"help": "Adam β1."})
     beta2: float = field(default=0.999, metadata={"help": "Adam β2."})
@@ -159,6 +166,8 @@ class TrainConfig:
             )
         if not self.lr > 0:
             fail("lr", f"must be > 0, got {self.lr}")
+        if not self.adamw_lr_scale > 0:
+            fail("adamw_lr_scale", f"must be > 0, got {self.adamw_lr_scale}")
         for name in ("weight_decay", "grad_clip"):
             if getattr(self, name) < 0:
                 fail(name, f"must be >= 0, got {getattr(self, name)}")
@@ -277,6 +286,7 @@ class Trainer:
             config.eps,
             # Muon's iteration in bf16 only where bf16 products are native (as training's autocast).
             ns_dtype=torch.bfloat16 if bf16_native(self.ctx.device).native else torch.float32,
+            adamw_lr_scale=config.adamw_lr_scale,
         )
         per_rank = config.batch_size // self.ctx.world_size
         self.micro_batch_size = min(config.micro_batch_size or per_rank, per_rank)
@@ -513,7 +523,7 @@ class Trainer:
         lr = learning_rate(self.step, config.lr, self.warmup_steps, self.max_steps, config.schedule)
         for optimizer in self.optimizers:
             for group in optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group.get("lr_scale", 1.0)
         self.forward.train()
         total_loss = torch.zeros((), device=ctx.device)
         n_tokens = 0

@@ -128,10 +128,13 @@ def build_optimizers(
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
     ns_dtype: torch.dtype = torch.float32,
+    adamw_lr_scale: float = 1.0,
 ) -> list[torch.optim.Optimizer]:
     """The optimizers of a run: ``adamw`` (the paper's: one AdamW for every parameter), or ``muon``
     (:class:`Muon` for the blocks' weight matrices, AdamW for the rest: embeddings, biases, gains,
-    a task head). Both take the same learning rate and schedule; ``ns_dtype``: see :class:`Muon`."""
+    a task head). Both follow the same schedule; with Muon, AdamW's rate is ``adamw_lr_scale`` times
+    the schedule's (each group's ``lr_scale``, which the training loop applies). ``ns_dtype``: see
+    :class:`Muon`."""
     if kind == "adamw":
         return [build_optimizer(model, lr, weight_decay, betas, eps)]
     if kind != "muon":
@@ -140,7 +143,10 @@ def build_optimizers(
     chosen = {id(p) for p in matrices}
     rest = [p for p in model.parameters() if p.requires_grad and id(p) not in chosen]
     muon = Muon(matrices, lr=lr, weight_decay=weight_decay, ns_dtype=ns_dtype)
-    return [muon, build_optimizer(model, lr, weight_decay, betas, eps, params=rest)]
+    adamw = build_optimizer(model, lr * adamw_lr_scale, weight_decay, betas, eps, params=rest)
+    for group in adamw.param_groups:
+        group["lr_scale"] = adamw_lr_scale
+    return [muon, adamw]
 
 
 def learning_rate(
