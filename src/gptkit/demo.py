@@ -166,7 +166,7 @@ def _stage(title: str) -> float:
     return time.perf_counter()
 
 
-def majority_share(dataset: str, examples) -> float:
+def majority_share(examples: list) -> float:
     """The score of always answering the most common label (or answer position) of ``examples``."""
     counts = Counter(str(e.label) for e in examples)
     return counts.most_common(1)[0][1] / len(examples)
@@ -178,7 +178,6 @@ def compare_inits(
     data: Path,
     out: Path,
     pretrained: Path,
-    shape: PretrainRecipe,
     precision: str,
     device: str,
     quick: bool = False,
@@ -217,7 +216,7 @@ def compare_inits(
         "examples": len(report),
         "pretrained": float(np.mean(correct["pretrained"])),
         "from_scratch": float(np.mean(correct["from_scratch"])),
-        "majority_class": majority_share(task.dataset, report),
+        "majority_class": majority_share(report),
         "difference": difference,
         "stderr": stderr,
     }
@@ -230,7 +229,7 @@ def compare_inits(
     return result
 
 
-def recommended_sampling(model, tokenizer, shards: Path) -> dict:
+def recommended_sampling(model, shards: Path) -> dict:
     """The sampling setting the creativity sweep recommends on held-out text (its samples' NLL
     closest to the true text's; :mod:`gptkit.evaluate.tradeoff`)."""
     ids = TokenShard.open(shards, "val").tokens[:].astype(np.int64).tolist()
@@ -292,12 +291,12 @@ def run_demo(
     tasks = {}
     for name, task in DEMO_TASKS.items():
         print(f"  {name} ({DATASETS[task.dataset].task})", flush=True)
-        tasks[name] = compare_inits(name, task, data, out, out / "pretrain", shape, precision, device, quick)
+        tasks[name] = compare_inits(name, task, data, out, out / "pretrain", precision, device, quick)
     print(f"    ({time.perf_counter() - t:.0f}s)")
 
     t = _stage("4/4 sampling from the pre-trained model at the creativity sweep's recommended setting")
     model, tokenizer = load_for_generation(out / "pretrain", device=device)
-    setting = recommended_sampling(model, tokenizer, out / "shards")
+    setting = recommended_sampling(model, out / "shards")
     print(f"    recommended: temperature {setting['temperature']}, top-p {setting['top_p'] or 'off'}")
     samples = generate_text(
         model, tokenizer, PROMPTS, max_new_tokens=SAMPLE_TOKENS, do_sample=True,
