@@ -480,6 +480,10 @@ def test_kill_9_loses_only_the_steps_since_the_last_checkpoint(shards, tmp_path)
         (dict(lr=0), r"lr .*must be > 0"),
         (dict(beta2=1.0), r"beta2 .*must be in \[0, 1\)"),
         (dict(time_budget="5 minutes"), r"expected a duration such as 90s, 5m or 1h30m"),
+        (dict(optimizer="sgd"), r"optimizer .*must be one of adamw, muon"),
+        (dict(optimizer="muon", fsdp=True), r"muon does not run with --fsdp .*use DDP"),
+        (dict(adamw_lr_scale=0), r"adamw_lr_scale .*must be > 0"),
+        (dict(schedule="step"), r"schedule .*must be one of cosine, linear, wsd, constant"),
     ],
 )
 def test_train_config_rejects_bad_values_saying_what_to_change(values, message):

@@ -82,8 +82,8 @@ class TrainConfig:
     optimizer: Literal["adamw", "muon"] = field(
         default="adamw",
         metadata={
-            "help": "adamw (the paper's), or muon: torch.optim.Muon for the blocks' matrices, AdamW for "
-            "the rest (same --lr)."
+            "help": "adamw (the paper's), or muon: Muon (orthogonalised momentum) for the blocks' matrices, "
+            "AdamW for the rest, on one schedule."
         },
     )
     adamw_lr_scale: float = field(
@@ -168,6 +168,9 @@ class TrainConfig:
             fail("lr", f"must be > 0, got {self.lr}")
         if not self.adamw_lr_scale > 0:
             fail("adamw_lr_scale", f"must be > 0, got {self.adamw_lr_scale}")
+        if self.optimizer == "muon" and self.fsdp:
+            # FSDP hands each process a shard of every matrix; Muon orthogonalises whole matrices.
+            fail("optimizer", "muon does not run with --fsdp (it needs whole matrices): use DDP, or adamw")
         for name in ("weight_decay", "grad_clip"):
             if getattr(self, name) < 0:
                 fail(name, f"must be >= 0, got {getattr(self, name)}")
@@ -276,7 +279,6 @@ class Trainer:
         self.run_config = run_config or {}
         self.step = 0
         self.tokens_seen = 0
-        self.precision = resolve_precision(config.precision, self.ctx.device)
         self.optimizers = build_optimizers(
             unwrap(model),
             config.optimizer,
@@ -299,6 +301,7 @@ class Trainer:
         if self.ctx.device.type == "cpu":
             keep_freed_memory()  # see gptkit.train.memory: a third of a CPU step otherwise
         self.last_metrics: dict[str, float] = {}
+        self.precision = resolve_precision(config.precision, self.ctx.device)
         # The plan: updates to run and their warm-up. A time budget replaces it once the first
         # updates are timed; the config itself is never changed.
         if config.max_steps is None:
