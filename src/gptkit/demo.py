@@ -137,16 +137,15 @@ class DemoTask:
 
     dataset: str
     report_split: str  # never the split a setting was chosen on
-    train_examples: int | None  # None: all
     epochs: int
     lr: float
     batch_size: int = 32
 
 
 DEMO_TASKS = {
-    "sst2": DemoTask("sst2", report_split="dev", train_examples=None, epochs=2, lr=3e-4),
+    "sst2": DemoTask("sst2", report_split="dev", epochs=2, lr=3e-4),
     # The paper's Story Cloze setting: trained on the 2016 validation stories, scored on the test set.
-    "story_cloze": DemoTask("story_cloze", report_split="test", train_examples=None, epochs=2, lr=3e-4),
+    "story_cloze": DemoTask("story_cloze", report_split="test", epochs=2, lr=3e-4),
 }
 QUICK_TASK_EXAMPLES = {"train": 64, "dev": 64}  # --quick: a few updates, the report split in full
 
@@ -193,11 +192,10 @@ def compare_inits(
             data_dir=str(data),
             init=str(pretrained),
             random_init=init == "from_scratch",
-            tokenizer=str(pretrained),
             dropout=0.1,  # the paper's, for both: pre-training may have run without dropout
             out=str(run),
             epochs=task.epochs,
-            max_train_examples=QUICK_TASK_EXAMPLES["train"] if quick else task.train_examples,
+            max_train_examples=QUICK_TASK_EXAMPLES["train"] if quick else None,  # None: all
             max_eval_examples=QUICK_TASK_EXAMPLES["dev"] if quick else None,
             device=device,
         )
