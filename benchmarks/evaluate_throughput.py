@@ -39,7 +39,7 @@ from gptkit.data.readers import read_dataset
 from gptkit.data.tasks import TaskSpec, collate, encode_examples, special_token_ids
 from gptkit.evaluate import lm
 from gptkit.hardware import bf16_native
-from gptkit.task_model import PAD_TO_MULTIPLE, TaskModel
+from gptkit.model.task import PAD_TO_MULTIPLE, TaskModel
 from gptkit.tokenizer import Tokenizer
 
 REPEATS = 3

@@ -28,8 +28,8 @@ from common import (
     time_limit,
 )
 
-from gptkit import GPT
-from gptkit.quantize import decoding_layout, has_decoding_layout, quantize_int8
+from gptkit import GPT, generate
+from gptkit.model.layouts import decoding_layout, has_decoding_layout, quantize_int8
 
 PROMPT, NEW, REPEATS = 32, 128, 3
 
@@ -140,7 +140,7 @@ def main() -> None:
 
         name = "GPT2LMHeadModel (KV cache), fp32"
         row, _ = compare(
-            "greedy new tok/s, GPT-2 small, fp32", name, lambda: ours.generate(prompt, NEW), peer, True
+            "greedy new tok/s, GPT-2 small, fp32", name, lambda: generate(ours, prompt, NEW), peer, True
         )
         comparisons.append(row)
 
@@ -149,11 +149,11 @@ def main() -> None:
             if unavailable:
                 return skipped(what, "tok/s", name, unavailable), None
             model = build()
-            return compare(what, name, lambda: model.generate(prompt, NEW), peer, same_ids)[0], model
+            return compare(what, name, lambda: generate(model, prompt, NEW), peer, same_ids)[0], model
 
         on_cpu = None if DEVICE == "cpu" else "a CPU format: gptkit uses it on CPUs only"
         # What `gptkit generate` and load_for_generation run in fp32 on a CPU: the same values, in
-        # the layouts the CPU streams fastest (gptkit.quantize.decoding_layout).
+        # the layouts the CPU streams fastest (gptkit.model.layouts.decoding_layout).
         row, ours_layout = optional(
             "greedy new tok/s, GPT-2 small, fp32, gptkit decoding layout (oneDNN-packed)",
             on_cpu,
@@ -165,7 +165,7 @@ def main() -> None:
         row, _ = compare(
             "greedy new tok/s, GPT-2 small, gptkit bf16 weights",
             name,
-            lambda: ours_bf16.generate(prompt, NEW),
+            lambda: generate(ours_bf16, prompt, NEW),
             peer,
             False,
         )
@@ -214,7 +214,7 @@ def main() -> None:
 
         name = "OpenAIGPTLMHeadModel (no cache), fp32"
         row, peer_tps = compare(
-            "greedy new tok/s, GPT-1, fp32", name, lambda: ours.generate(prompt, NEW), peer, True
+            "greedy new tok/s, GPT-1, fp32", name, lambda: generate(ours, prompt, NEW), peer, True
         )
         comparisons.append(row)
         ours_bf16 = GPT.from_pretrained(tmp, dtype=torch.bfloat16, device=DEVICE)
@@ -223,7 +223,7 @@ def main() -> None:
             comparisons.append(skipped(what, "tok/s", name, "the fp32 peer's measurement was skipped"))
         else:  # against the fp32 peer measured above, which is slow to run again
             try:
-                bf16_tps, _, _, _ = measure(lambda: ours_bf16.generate(prompt, NEW), lambda: None)
+                bf16_tps, _, _, _ = measure(lambda: generate(ours_bf16, prompt, NEW), lambda: None)
                 comparisons.append(comparison(what, "tok/s", bf16_tps, name, peer_tps))
             except MeasurementTimeout as e:
                 comparisons.append(skipped(what, "tok/s", name, f"the measurement {e}"))

@@ -40,7 +40,7 @@ from common import (
 )
 
 from gptkit import GPT, GPTConfig
-from gptkit.generate import generate
+from gptkit.generation import generate
 from gptkit.tokenizer import Tokenizer
 
 CLIENTS, REQUESTS_PER_CLIENT, NEW_TOKENS = 16, 2, 32

@@ -65,8 +65,7 @@ def test_quick_demo_runs_every_stage(demo):
 
 
 def test_generate_prints_the_models_continuation_and_reads_prompts_from_stdin(demo):
-    from gptkit.generate import generate
-    from gptkit.textgen import load_for_generation
+    from gptkit.generation import generate, load_for_generation
 
     # The command's text is the model's seeded sample, decoded from the ids generate() returns.
     args = ("--model", demo / "pretrain", "--max-new-tokens", "8", "--seed", "1", "--dtype", "float32")
@@ -74,9 +73,7 @@ def test_generate_prints_the_models_continuation_and_reads_prompts_from_stdin(de
     assert result.returncode == 0, result.stderr
     model, tokenizer = load_for_generation(demo / "pretrain", dtype="float32")
     ids = tokenizer.encode("Alice was")
-    sample = generate(
-        model, torch.tensor([ids]), 8, do_sample=True, generator=torch.Generator().manual_seed(1)
-    )[0, len(ids) :].tolist()
+    sample = generate(model, torch.tensor([ids]), 8, temperature=1.0, seed=1)[0, len(ids) :].tolist()
     assert tokenizer.decode(sample).strip(), "the sample has visible text"
     for decode, flags in ((tokenizer.decode_text, ()), (tokenizer.decode, ("--raw",))):
         full, prompt = decode(ids + sample), decode(ids)
@@ -96,6 +93,7 @@ def test_generate_prints_the_models_continuation_and_reads_prompts_from_stdin(de
     )
     lines = result.stdout.splitlines()
     assert result.returncode == 0 and lines[0].startswith("one") and lines[1].startswith("two")
+    assert "--greedy is deprecated: use --temperature 0" in result.stderr
 
 
 def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
@@ -105,7 +103,7 @@ def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
     report = json.loads(result.stdout)
     # The same number from the library, on the same ids, with windows scored by hand.
     from gptkit.evaluate.lm import perplexity
-    from gptkit.textgen import load_for_generation
+    from gptkit.generation import load_for_generation
 
     model, tokenizer = load_for_generation(demo / "pretrain", dtype="float32", decoding=False)
     ids = tokenizer.encode(text.read_text(encoding="utf-8"))

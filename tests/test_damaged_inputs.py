@@ -19,7 +19,9 @@ import pytest
 import torch
 
 from gptkit import GPT, GPTConfig
-from gptkit.checkpoint import (
+from gptkit.data.shards import TokenShard, prepare
+from gptkit.io import read_json, read_train_state
+from gptkit.model.weights import (
     PYTORCH_NAME,
     SAFETENSORS_NAME,
     load_openai_release,
@@ -28,8 +30,6 @@ from gptkit.checkpoint import (
     save_pretrained,
     state_dict_to_hf,
 )
-from gptkit.data.shards import TokenShard, prepare
-from gptkit.io import read_json, read_train_state
 from gptkit.tokenizer import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from gptkit import GPT, GPTConfig
 from gptkit.data.metrics import f1, matthews_corrcoef, paired_difference, pearson, spearman
 from gptkit.evaluate import lm
 from gptkit.evaluate.tradeoff import _distinct, _unigram_f1, passages_from_text, sweep
-from gptkit.quantize import quantize_int8
+from gptkit.model.layouts import quantize_int8
 
 
 def tiny_model(context=16) -> GPT:

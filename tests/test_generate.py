@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from gptkit import GPT, GPTConfig, KVCache
-from gptkit.generate import generate, process_logits
-from gptkit.textgen import generate_text, stream_text
+from gptkit.generation import SamplingParams, generate, generate_text, process_logits, sample, stream_text
 from gptkit.tokenizer import Tokenizer
 
 
@@ -59,7 +58,7 @@ def test_greedy_ids_equal_transformers_gpt2(tmp_path):
     expected = reference.generate(
         prompt, max_new_tokens=30, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(prompt)
     )
-    assert torch.equal(ours.generate(prompt, 30), expected)
+    assert torch.equal(generate(ours, prompt, 30), expected)
 
 
 def test_left_padded_batch_equals_one_at_a_time():
@@ -77,23 +76,25 @@ def test_top_k_and_top_p_never_sample_outside_the_allowed_set():
     logits = probs.log()
     generator = torch.Generator().manual_seed(0)
 
-    def sample(**kwargs) -> set[int]:
-        p = process_logits(logits, **kwargs).softmax(-1)
-        return set(torch.multinomial(p.expand(4000, -1), 1, generator=generator).flatten().tolist())
+    def drawn(**settings) -> set[int]:
+        params = SamplingParams(**settings)
+        return set(sample(logits.expand(4000, -1), params, generator).tolist())
 
-    assert sample(top_k=2) == {1, 3}  # the two largest
+    assert drawn(top_k=2) == {1, 3}  # the two largest
     # Nucleus by hand: sorted 0.5 (id 1), 0.2 (id 3) reach 0.7 ≥ top_p; id 4 would start past it.
-    assert sample(top_p=0.7) == {1, 3}
-    assert sample(top_p=0.71) == {1, 3, 4}
-    assert sample(top_p=0.3) == {1}
-    assert sample(top_k=3, top_p=0.6) == {1, 3}
-    assert sample() == {0, 1, 2, 3, 4}
+    assert drawn(top_p=0.7) == {1, 3}
+    assert drawn(top_p=0.71) == {1, 3, 4}
+    assert drawn(top_p=0.3) == {1}
+    assert drawn(top_k=3, top_p=0.6) == {1, 3}
+    assert drawn() == {0, 1, 2, 3, 4}
+    assert drawn(temperature=0, top_k=3) == {1}  # greedy: the most likely, whatever else is set
 
 
 def test_temperature_and_repetition_penalty_by_hand():
     logits = torch.tensor([[2.0, -1.0, 0.5, 4.0]])
-    torch.testing.assert_close(process_logits(logits, temperature=2.0), logits / 2)
-    penalised = process_logits(logits, repetition_penalty=2.0, previous_ids=torch.tensor([[0, 1]]))
+    torch.testing.assert_close(process_logits(logits, SamplingParams(temperature=2.0)), logits / 2)
+    params = SamplingParams(repetition_penalty=2.0)
+    penalised = process_logits(logits, params, previous_ids=torch.tensor([[0, 1]]))
     torch.testing.assert_close(penalised, torch.tensor([[1.0, -2.0, 0.5, 4.0]]))
 
 
@@ -102,9 +103,7 @@ def test_sampling_is_reproducible_with_a_seed_and_low_temperature_is_greedy():
     prompt = torch.randint(0, 512, (1, 5))
 
     def sampled(seed, **kwargs):
-        return generate(
-            model, prompt, 15, do_sample=True, generator=torch.Generator().manual_seed(seed), **kwargs
-        )
+        return generate(model, prompt, 15, temperature=kwargs.pop("temperature", 1.0), seed=seed, **kwargs)
 
     assert torch.equal(sampled(3), sampled(3))
     assert not torch.equal(sampled(3), sampled(4))
@@ -155,16 +154,16 @@ def test_streamed_gpt1_text_is_the_whole_text_even_when_joining_rewrites_its_end
 ):
     """GPT-1's detokenizer rewrites the end of a text as tokens arrive ("well -" → "well-known",
     an opening quote attaches to the next word): the stream must still add up to the final text."""
-    import gptkit.textgen as textgen
+    import gptkit.generation.text as text_module
 
     tokenizer = Tokenizer.from_pretrained(data_dir / "gpt1_bpe")
     prompt_ids, scripted = tokenizer.encode("so"), tokenizer.encode(sentence)
     model = GPT(GPTConfig(vocab_size=len(tokenizer), context_length=64, n_layer=1, n_head=1, d_model=8))
 
-    def scripted_ids(model, input_ids, max_new_tokens, **kwargs):  # the model's choices, fixed
-        yield from (torch.tensor([token]) for token in scripted[:max_new_tokens])
+    def scripted_ids(model, input_ids, params, **kwargs):  # the model's choices, fixed
+        yield from (torch.tensor([token]) for token in scripted[: params.max_tokens])
 
-    monkeypatch.setattr(textgen, "stream_ids", scripted_ids)
+    monkeypatch.setattr(text_module, "stream_ids", scripted_ids)
     pieces = list(stream_text(model, tokenizer, "so", max_new_tokens=len(scripted)))
     full = tokenizer.decode_text(prompt_ids + scripted)
     assert "".join(pieces) == full[len(tokenizer.decode_text(prompt_ids)) :]

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from gptkit import GPT, GPTConfig
-from gptkit.checkpoint import load_openai_release
 from gptkit.model import fused_next_token_loss
+from gptkit.model.weights import load_openai_release
 
 transformers = pytest.importorskip("transformers")
 

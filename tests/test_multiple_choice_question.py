@@ -15,7 +15,7 @@ from gptkit.data.tasks import (
     special_token_ids,
 )
 from gptkit.evaluate.tasks import predict
-from gptkit.task_model import TaskModel
+from gptkit.model.task import TaskModel
 from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig, finetune
 
 SPECIALS = {"_start_": 100, "_delimiter_": 101, "_classify_": 102}

@@ -8,9 +8,11 @@ import copy
 import pytest
 import torch
 
-from gptkit import GPT, GPTConfig, hardware, quantize
+from gptkit import GPT, GPTConfig, hardware
+from gptkit.generation import generate, load_for_generation
 from gptkit.hardware import Support
-from gptkit.quantize import (
+from gptkit.model import layouts as quantize
+from gptkit.model.layouts import (
     DECODING_LAYOUT,
     Int8Linear,
     PackedLinear,
@@ -20,7 +22,6 @@ from gptkit.quantize import (
     onednn_packing_available,
     quantize_int8,
 )
-from gptkit.textgen import load_for_generation
 
 
 def test_int8_linear_is_the_rounded_matrix_times_its_row_scales():
@@ -50,7 +51,7 @@ def test_quantized_model_scores_and_decodes_like_the_original():
     nll = -reference[:, :-1].gather(2, ids[:, 1:, None]).mean()
     nll_q = -ours[:, :-1].gather(2, ids[:, 1:, None]).mean()
     assert abs(float(nll_q / nll) - 1) < 0.01  # perplexity within 1% (log scale: 1% of the NLL)
-    agree = (model.generate(ids[:, :8], 16)[:, 8:] == quantized.generate(ids[:, :8], 16)[:, 8:]).float()
+    agree = (generate(model, ids[:, :8], 16)[:, 8:] == generate(quantized, ids[:, :8], 16)[:, 8:]).float()
     assert agree.mean() > 0.8
     assert {type(b.mlp.c_fc) for b in quantized.h} == {Int8Linear}
     with pytest.raises(ValueError, match=r"inference-only format \(int8\)"):
@@ -102,7 +103,7 @@ def test_decoding_layout_scores_and_decodes_like_the_original(ln_position, packi
     with torch.no_grad():
         torch.testing.assert_close(decoding(ids).logits, original(ids).logits, rtol=1e-5, atol=1e-5)
     prompt = ids[:, :4]
-    assert torch.equal(decoding.generate(prompt, 16), original.generate(prompt, 16))
+    assert torch.equal(generate(decoding, prompt, 16), generate(original, prompt, 16))
     assert isinstance(decoding.lm_head, PackedLinear if packing else TransposedLinear)
     if not packing:  # one transposed copy of the embedding serves the lookup and the output layer
         assert decoding.wte.weight.data_ptr() == decoding.lm_head.weight_t.data_ptr()
@@ -129,7 +130,7 @@ def test_bf16_decoding_layout_scores_and_decodes_like_the_bf16_original():
     with torch.no_grad():  # bf16 sums in another order: agreement to bf16's resolution
         torch.testing.assert_close(decoding(ids).logits, original(ids).logits, rtol=2e-2, atol=2e-2)
     prompt = ids[:, :4]
-    agree = (decoding.generate(prompt, 16) == original.generate(prompt, 16)).float().mean()
+    agree = (generate(decoding, prompt, 16) == generate(original, prompt, 16)).float().mean()
     assert agree > 0.9
 
 

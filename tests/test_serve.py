@@ -145,7 +145,7 @@ def small_server(servers) -> Server:
 
 @pytest.fixture(scope="module")
 def reference(model_dir):
-    from gptkit.textgen import load_for_generation
+    from gptkit.generation import load_for_generation
 
     return load_for_generation(model_dir, dtype="float32", device="cpu")
 
@@ -162,7 +162,7 @@ def one_thread():
 
 def greedy_ids(reference, prompt: str, max_tokens: int) -> list[int]:
     """The reference: gptkit.generate's greedy continuation, cut at the end-of-text token."""
-    from gptkit.generate import generate
+    from gptkit.generation import generate
 
     model, tokenizer = reference
     ids = tokenizer.encode(prompt)
@@ -188,6 +188,44 @@ def test_completion_matches_greedy_generate_and_counts_usage(server, reference):
     prompt_tokens = len(tokenizer.encode(prompt))
     assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (prompt_tokens, 12)
     assert result.usage.total_tokens == prompt_tokens + 12
+
+
+@pytest.mark.parametrize(
+    "settings_",
+    [dict(temperature=0), dict(temperature=0.9, top_k=40, top_p=0.95, repetition_penalty=1.2, seed=7)],
+    ids=["greedy", "seeded-sampling"],
+)
+def test_one_request_decodes_to_the_same_tokens_through_library_cli_and_server(
+    server, reference, model_dir, settings_
+):
+    """The generation contract: one SamplingParams, one sampler. The same request through
+    ``gptkit.generation.generate``, `gptkit generate` and the server picks the same tokens."""
+    from gptkit.generation import SamplingParams, generate
+
+    model, tokenizer = reference
+    prompt, max_tokens = "The quick brown fox", 12
+    ids = tokenizer.encode(prompt)
+    params = SamplingParams(max_tokens=max_tokens, **settings_)
+    with one_thread():
+        library = generate(model, torch.tensor([ids]), params=params, eos_token_id=50256)[0, len(ids) :]
+    library = library.tolist()
+    library = library[: library.index(50256)] if 50256 in library else library
+    assert len(library) >= 4, "the reference made a continuation worth comparing"
+
+    top_k = {"top_k": settings_["top_k"]} if "top_k" in settings_ else {}
+    penalty = {"repetition_penalty": settings_.get("repetition_penalty", 1.0)}
+    served = server.client().completions.create(
+        model=MODEL, prompt=prompt, max_tokens=max_tokens, logprobs=0, extra_body={**top_k, **penalty},
+        **{k: settings_[k] for k in ("temperature", "top_p", "seed") if k in settings_},
+    )  # fmt: skip
+    assert served.choices[0].logprobs.tokens == [tokenizer.decode([t]) for t in library]
+
+    flags = [f"--{name.replace('_', '-')}={value}" for name, value in settings_.items()]
+    command = [sys.executable, "-m", "gptkit", "generate", "--model", str(model_dir), "--prompt", prompt]
+    command += ["--max-new-tokens", str(max_tokens), "--dtype", "float32", "--device", "cpu", *flags]
+    cli = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout == prompt + tokenizer.decode(library) + "\n"
 
 
 def test_streaming_sends_the_same_text_in_chunks_then_done(server):

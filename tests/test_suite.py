@@ -15,11 +15,11 @@ from gptkit import GPT, GPTConfig
 from gptkit.data.readers import DATASETS, read_dataset
 from gptkit.evaluate.tasks import evaluate_model
 from gptkit.evaluate.zeroshot import zeroshot
+from gptkit.generation import load_for_generation
 from gptkit.paper import suite as suite_module
 from gptkit.paper.figures import TransferConfig, ZeroshotCurveConfig, transfer_curve, zeroshot_curve
 from gptkit.paper.scores import TABLE5, TABLE5_AVERAGE, TABLE5_TASKS, TASKS
 from gptkit.paper.suite import SuiteConfig, run_suite
-from gptkit.textgen import load_for_generation
 from gptkit.tokenizer import Tokenizer, train_bpe
 from gptkit.train.finetune import FinetuneTrainConfig
 from gptkit.train.run import ModelShape, build_model

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from gptkit import GPT, GPTConfig
-from gptkit.checkpoint import read_state_dict, save_state_dict
 from gptkit.data.shards import TokenShard, WindowSampler, prepare
+from gptkit.model.weights import read_state_dict, save_state_dict
 from gptkit.tokenizer import Tokenizer
 from gptkit.train.loop import NonFiniteLossError, TrainConfig, Trainer, read_metrics
 from gptkit.train.optim import (
@@ -568,6 +568,30 @@ def test_time_budget_stops_at_the_deadline_with_a_checkpoint(shards, tmp_path):
     assert json.loads((tmp_path / "checkpoints" / "latest.json").read_text())["step"] == 37
     resolved = json.loads((tmp_path / "run_config.json").read_text())["resolved"]
     assert resolved["max_steps"] == 37 and resolved["time_budget_plan"]["stopped_at_deadline"]
+
+
+def test_a_run_that_slows_down_is_planned_again_and_still_finishes_its_schedule(shards, tmp_path):
+    """1 s an update while the plan is made (97 updates in 100 s), 1.2 s after it. Halfway (update 49,
+    at 5 + 44 × 1.2 = 57.8 s) the pace is measured again: 97 - 57.8 = 39.2 s leave room for 32 more,
+    81 in all; at three quarters (update 61, 72.2 s) 24.8 s still fit 20 more: 81 stands. The run ends
+    at 96.2 s with its decay complete, where the first plan would have been cut at the deadline
+    (update 84). A pace that holds changes nothing: the other budget tests keep their first plan."""
+    trainer, _ = make_trainer(shards, tmp_path, budget_config(eval_every=0, schedule="wsd", warmup_steps=0))
+    clock = FakeClock(trainer, update=1.0, evaluation=0.0)
+    steady = trainer.data.next_batch
+
+    def slower():
+        if trainer.plan:
+            clock.now += 0.2
+        return steady()
+
+    trainer.data.next_batch = slower
+    trainer.fit()
+    plan = trainer.plan
+    assert plan["replanned_at"] == [49] and plan["planned_steps"] == trainer.step == 81
+    assert "stopped_at_deadline" not in plan and clock.now == pytest.approx(5 + 76 * 1.2)
+    lrs = [r["lr"] for r in read_metrics(tmp_path / "metrics.jsonl") if "lr" in r]
+    assert lrs[-1] == pytest.approx(learning_rate(80, 3e-3, 0, 81, "wsd"))  # the decay's last step
 
 
 def test_a_deadline_before_the_plan_ends_the_run_and_a_resume_has_nothing_left(shards, tmp_path):

@@ -2,16 +2,16 @@
 
 The public API::
 
-    from gptkit import GPT, GPTConfig, Tokenizer, TaskModel, generate_text, stream_text
+    from gptkit import GPT, GPTConfig, Tokenizer, TaskModel, SamplingParams, generate, generate_text
 
-``gptkit.generate`` is the decoding module (``gptkit.generate.generate`` decodes token ids);
-``generate_text``/``stream_text`` take and return text.
+``generate`` decodes token ids, ``generate_text``/``stream_text`` take and return text; how tokens
+are chosen is one :class:`SamplingParams` (:mod:`gptkit.generation`).
 """
 
 from gptkit.config import PRESETS, GPTConfig
+from gptkit.generation import SamplingParams, generate, generate_text, load_for_generation, stream_text
 from gptkit.model import GPT, GPTOutput, KVCache
-from gptkit.task_model import TaskModel
-from gptkit.textgen import generate_text, load_for_generation, stream_text
+from gptkit.model.task import TaskModel
 from gptkit.tokenizer import Tokenizer
 
 __version__ = "0.1.0"
@@ -22,8 +22,10 @@ __all__ = [
     "GPTOutput",
     "KVCache",
     "PRESETS",
+    "SamplingParams",
     "TaskModel",
     "Tokenizer",
+    "generate",
     "generate_text",
     "load_for_generation",
     "stream_text",

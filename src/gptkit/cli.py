@@ -245,8 +245,10 @@ class GenerateArgs(InferenceArgs):
     tokenizer: str | None = _arg("Tokenizer directory (default: the model directory).", None)
     interactive: bool = _arg("Read prompts from stdin, one a line, until EOF.", False)
     max_new_tokens: int = _arg("Tokens to generate per sample.", 50)
-    greedy: bool = _arg("Always take the most likely token (temperature and top-k/p unused).", False)
-    temperature: float = _arg("Divide the logits by this: < 1 safer, > 1 more adventurous.", 1.0)
+    temperature: float = _arg(
+        "Divide the logits by this: < 1 safer, > 1 more adventurous; 0: always the most likely token.", 1.0
+    )
+    greedy: bool = _arg("Deprecated spelling of --temperature 0.", False)
     top_k: int | None = _arg("Sample among the k most likely tokens only.", None)
     top_p: float | None = _arg("Sample among the most likely tokens whose probability reaches p.", None)
     repetition_penalty: float = _arg("Penalise tokens already in the text (> 1), CTRL-style.", 1.0)
@@ -360,8 +362,8 @@ class DemoArgs:
 
 
 def cmd_convert(args: ConvertArgs) -> None:
-    from gptkit.checkpoint import hf_model_type
     from gptkit.model import GPT
+    from gptkit.model.weights import hf_model_type
 
     model = GPT.from_pretrained(args.source, n_head=args.n_head)
     model.save_pretrained(args.destination)
@@ -421,7 +423,7 @@ def cmd_finetune(config, train) -> None:
 def _labelled_examples(args: LabelledDataArgs):
     from gptkit.data.readers import parse_columns, read_dataset, read_table
     from gptkit.io import read_json_object
-    from gptkit.task_model import TASK_NAME
+    from gptkit.model.task import TASK_NAME
 
     if args.dataset:
         return read_dataset(args.dataset, args.split, args.data_dir)
@@ -449,22 +451,26 @@ def cmd_predict(args: PredictArgs) -> None:
 
 
 def cmd_generate(args: GenerateArgs) -> None:
-    from gptkit.textgen import load_for_generation, stream_text
+    from gptkit.generation import SamplingParams, load_for_generation, stream_text
 
-    model, tokenizer = load_for_generation(
-        args.model, args.tokenizer, dtype=args.dtype, device=args.device, verbose=True, quantize=args.quantize
-    )
-    settings = dict(
-        max_new_tokens=args.max_new_tokens,
-        do_sample=not args.greedy,
-        temperature=args.temperature,
+    if args.greedy:
+        print("--greedy is deprecated: use --temperature 0", file=sys.stderr)
+    params = SamplingParams(
+        max_tokens=args.max_new_tokens,
+        temperature=0.0 if args.greedy else args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
         repetition_penalty=args.repetition_penalty,
-        stop=args.stop,
         seed=args.seed,
-        raw=args.raw,
+        stop=tuple(args.stop or ()),
+    )  # checked before the model loads
+    model, tokenizer = load_for_generation(
+        args.model, args.tokenizer, dtype=args.dtype, device=args.device, verbose=True, quantize=args.quantize
     )
+    # One seeded generator for the whole session: several samples of a prompt differ, and the same
+    # seed repeats the session (without a seed: torch's global generator).
+    generator = params.generator(next(model.parameters()).device)
+    settings = dict(params=params, raw=args.raw, generator=generator)
 
     def run(prompt: str) -> None:
         for _ in range(args.num_samples):
@@ -510,7 +516,7 @@ def cmd_serve(args: ServeArgs) -> None:
 
 def cmd_perplexity(args: PerplexityArgs) -> None:
     from gptkit.evaluate.lm import bits_per_byte, perplexity
-    from gptkit.textgen import load_for_generation
+    from gptkit.generation import load_for_generation
 
     model, tokenizer = load_for_generation(
         args.model,
@@ -530,7 +536,7 @@ def cmd_perplexity(args: PerplexityArgs) -> None:
 
 def cmd_zeroshot(args: ZeroshotArgs) -> None:
     from gptkit.evaluate.zeroshot import run_checkpoints, zeroshot
-    from gptkit.textgen import load_for_generation
+    from gptkit.generation import load_for_generation
 
     targets = run_checkpoints(args.model) if args.checkpoints else [(None, Path(args.model))]
     tokenizer_dir = args.tokenizer or args.model
@@ -550,7 +556,7 @@ def cmd_zeroshot(args: ZeroshotArgs) -> None:
 
 def cmd_tradeoff(args: TradeoffArgs) -> None:
     from gptkit.evaluate.tradeoff import format_table, passages_from_text, save_report, sweep
-    from gptkit.textgen import load_for_generation
+    from gptkit.generation import load_for_generation
 
     model, tokenizer = load_for_generation(
         args.model, args.tokenizer, dtype=args.dtype, device=args.device, verbose=True
@@ -629,8 +635,8 @@ def _commands() -> list[Command]:
     # Imported here rather than at the top: the training modules are the heaviest of the package.
     from gptkit.paper.figures import TransferConfig, ZeroshotCurveConfig
     from gptkit.paper.suite import SuiteConfig
+    from gptkit.train.config import TrainConfig
     from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig
-    from gptkit.train.loop import TrainConfig
     from gptkit.train.pretrain import PretrainConfig
 
     return [

@@ -33,12 +33,13 @@ from gptkit.data.readers import DATASETS, read_dataset
 from gptkit.data.shards import TokenShard, prepare
 from gptkit.evaluate.tasks import correct_per_example
 from gptkit.evaluate.tradeoff import passages_from_text, sweep
-from gptkit.io import read_json, write_json
-from gptkit.textgen import generate_text, load_for_generation
+from gptkit.generation import SamplingParams, generate_text, load_for_generation
+from gptkit.io import write_json
 from gptkit.tokenizer import train_bpe
+from gptkit.train.config import TrainConfig, parse_duration
 from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig, finetune
-from gptkit.train.loop import TrainConfig, parse_duration
 from gptkit.train.pretrain import PretrainConfig, pretrain
+from gptkit.train.rundir import RunDir
 
 MARKER = ".gptkit-demo"
 DEMO_PRESET = "gpt2"  # the shape comes from the recipe; the preset gives pre-LN blocks
@@ -279,7 +280,7 @@ def run_demo(
         out / "shards", out / "pretrain", budget, 20 if quick else 100_000, precision, device
     )
     pre_metrics = pretrain(pre, train)
-    steps_run = read_json(out / "pretrain" / "run_config.json")["resolved"]["max_steps"]
+    steps_run = RunDir(out / "pretrain").resolved_max_steps()
     print(
         f"    validation loss {pre_metrics['val_loss']:.3f} (perplexity {pre_metrics['val_ppl']:.1f}) "
         f"after {steps_run} updates, {time.perf_counter() - t:.0f}s; curve: {out / 'pretrain' / 'loss.png'}"
@@ -296,10 +297,10 @@ def run_demo(
     model, tokenizer = load_for_generation(out / "pretrain", device=device)
     setting = recommended_sampling(model, out / "shards")
     print(f"    recommended: temperature {setting['temperature']}, top-p {setting['top_p'] or 'off'}")
-    samples = generate_text(
-        model, tokenizer, PROMPTS, max_new_tokens=SAMPLE_TOKENS, do_sample=True,
-        temperature=setting["temperature"], top_p=setting["top_p"], seed=0,
-    )  # fmt: skip
+    params = SamplingParams(
+        max_tokens=SAMPLE_TOKENS, temperature=setting["temperature"], top_p=setting["top_p"], seed=0
+    )
+    samples = generate_text(model, tokenizer, PROMPTS, params=params)
     for prompt, sample in zip(PROMPTS, samples):
         print(f"    {prompt} → {' '.join(sample.split())}")  # newlines folded for display
 

@@ -135,7 +135,7 @@ def resolve_precision(precision: str, device: torch.device) -> Choice:
 
 @functools.cache
 def onednn_packing_available() -> bool:
-    """Whether weights can be prepacked for oneDNN's linear op here (gptkit.quantize.PackedLinear):
+    """Whether weights can be prepacked for oneDNN's linear op here (gptkit.model.layouts.PackedLinear):
     an x86-64 CPU, where the gain was measured, and a PyTorch with the ops (private, hence checked)."""
     return (
         platform.machine().lower() in ("x86_64", "amd64")
@@ -157,7 +157,7 @@ def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 
 
 def has_decoding_layout(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether gptkit.quantize.decoding_layout applies: fp32 on a CPU, or bf16 on a CPU that
+    """Whether gptkit.model.layouts.decoding_layout applies: fp32 on a CPU, or bf16 on a CPU that
     multiplies bf16 natively and can prepack for oneDNN (elsewhere bf16 weights stay as they are)."""
     if device.type != "cpu":
         return False
@@ -167,7 +167,7 @@ def has_decoding_layout(dtype: torch.dtype, device: torch.device) -> bool:
 
 
 def _decoding_product(weight: torch.Tensor):
-    """x ↦ x·Wᵀ as a CPU decoding step multiplies with these weights (gptkit.quantize.decoding_layout:
+    """x ↦ x·Wᵀ as a CPU decoding step multiplies with these weights (gptkit.model.layouts.decoding_layout:
     prepacked for oneDNN where it applies, fp32 transposed where oneDNN is missing, else as stored)."""
     if has_decoding_layout(weight.dtype, weight.device):
         if onednn_packing_available():

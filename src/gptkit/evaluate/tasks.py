@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gptkit.data.readers import Example
 from gptkit.data.tasks import task_metrics
-from gptkit.task_model import TaskModel
+from gptkit.model.task import TaskModel
 
 
 def _load(model: TaskModel | str | Path, device: str) -> TaskModel:

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from gptkit.evaluate.lm import continuation_logprob
-from gptkit.generate import generate
+from gptkit.generation import SamplingParams, generate
 from gptkit.model import GPT
 
 
@@ -94,15 +94,8 @@ def sweep(
             samples, nll, f1 = [], 0.0, 0.0
             for prompt, truth in passages:
                 batch = torch.tensor([prompt] * samples_per_prompt)
-                out = generate(
-                    model,
-                    batch,
-                    new_tokens,
-                    do_sample=temperature > 0,
-                    temperature=temperature,
-                    top_p=top_p,
-                    generator=generator,
-                )[:, len(prompt) :].tolist()
+                params = SamplingParams(max_tokens=new_tokens, temperature=temperature, top_p=top_p)
+                out = generate(model, batch, params=params, generator=generator)[:, len(prompt) :].tolist()
                 for sample in out:
                     samples.append(sample)
                     nll -= continuation_logprob(model, prompt, sample)[0] / len(sample)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from gptkit.data.readers import read_dataset
 from gptkit.evaluate import lm
+from gptkit.generation import start_ids
 from gptkit.model import GPT
-from gptkit.textgen import start_ids
 from gptkit.tokenizer import Tokenizer
 
 # Each heuristic and the dataset the paper ran it on (multiple_choice: our stand-in for its DPRD

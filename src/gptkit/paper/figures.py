@@ -17,12 +17,12 @@ from typing import Literal
 import torch
 
 from gptkit.evaluate.zeroshot import ZEROSHOT_DATASETS, ZEROSHOT_METRICS, run_checkpoints, zeroshot
+from gptkit.generation import load_for_generation
 from gptkit.hardware import DEVICE_HELP
 from gptkit.io import read_json, write_json
 from gptkit.model import GPT
 from gptkit.paper.scores import TASKS
 from gptkit.paper.suite import SuiteConfig, check_settings, run_task, settings_of, train_settings
-from gptkit.textgen import load_for_generation
 from gptkit.train.finetune import FinetuneTrainConfig
 
 Heuristic = Literal["sentiment", "multiple_choice", "acceptability", "question_answering"]

@@ -28,10 +28,10 @@ from gptkit.data.readers import DATASETS, Example, read_dataset
 from gptkit.data.tasks import task_metrics
 from gptkit.hardware import DEVICE_HELP
 from gptkit.io import atomic_write, read_json, write_json
+from gptkit.model.task import TaskModel
 from gptkit.paper.scores import TABLE5, TABLE5_AVERAGE, TABLE5_TASKS, TASKS, PaperTask
-from gptkit.task_model import TaskModel
 from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig, finetune
-from gptkit.train.loop import CHECKPOINTS, LATEST
+from gptkit.train.rundir import RunDir
 
 Variant = Literal["full", "no_aux_lm", "no_pretraining"]
 VARIANTS: dict[str, str] = {
@@ -141,7 +141,7 @@ def run_task(
             "missing": missing,
             "advice": f"gptkit data fetch {task.train} --out {config.data_dir}",
         }
-    resume = (out_dir / CHECKPOINTS / LATEST).exists()
+    resume = RunDir(out_dir).latest_pointer.exists()
     if not resume and out_dir.exists():
         shutil.rmtree(out_dir)  # killed before its first checkpoint: nothing to continue from
     started = time.perf_counter()

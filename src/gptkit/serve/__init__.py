@@ -4,8 +4,9 @@
 usable without HTTP. FastAPI and uvicorn are imported only when the server starts.
 """
 
+from gptkit.generation.sampling import SamplingParams
 from gptkit.serve.config import ServeLimits
-from gptkit.serve.engine import Engine, Event, GenerationRequest, SamplingParams
+from gptkit.serve.engine import Engine, Event, GenerationRequest
 from gptkit.serve.server import run_server
 
 __all__ = ["Engine", "Event", "GenerationRequest", "SamplingParams", "ServeLimits", "run_server"]

@@ -27,6 +27,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from gptkit.generation import start_ids
 from gptkit.serve.config import ServeLimits
 from gptkit.serve.engine import Engine, EngineStopped, Event, GenerationRequest, QueueFull
 from gptkit.serve.metrics import Metrics
@@ -38,7 +39,6 @@ from gptkit.serve.protocol import (
     parse_completion_request,
 )
 from gptkit.serve.responses import Choice, LogprobsWriter, chunk_body, completion_body, usage
-from gptkit.textgen import start_ids
 
 logger = logging.getLogger("gptkit.serve")
 

@@ -16,7 +16,6 @@ Results go back through each sequence's ``deliver`` callback, from the engine's 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections import deque
@@ -25,51 +24,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gptkit.generate import process_logits
+from gptkit.generation.incremental import IncrementalText
+from gptkit.generation.sampling import SamplingParams, sample
 from gptkit.model import GPT, KVCache
 from gptkit.serve.slots import SlotCache
-from gptkit.serve.text import IncrementalText
 from gptkit.tokenizer import END_OF_TEXT, Tokenizer
 
 logger = logging.getLogger("gptkit.serve")
-
-MAX_LOGPROBS = 5  # alternatives per token, as OpenAI's legacy completions allow
-GREEDY_BELOW = 1e-5  # temperatures below this decode greedily
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How one sequence is decoded. ``temperature`` 0 (below 1e-5) is greedy."""
-
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    logprobs: int | None = None  # None: no log-probabilities; k: the chosen token's and the k best
-    prompt_logprobs: bool = False  # also score the prompt's tokens (echo with logprobs)
-    stop: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"temperature must be a number >= 0, got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise ValueError(f"logprobs must be in 0..{MAX_LOGPROBS}, got {self.logprobs}")
-
-    @property
-    def greedy(self) -> bool:
-        # Below this, logits / temperature can overflow to inf (NaN probabilities); the sample is the
-        # most likely token anyway.
-        return self.temperature < GREEDY_BELOW
 
 
 @dataclass
@@ -348,17 +309,7 @@ class Engine:
         previous = None
         if params.repetition_penalty != 1.0:
             previous = torch.tensor([request.prompt_ids + request.generated], device=self.device)
-        logits = process_logits(
-            logits,
-            temperature=1.0 if params.greedy else params.temperature,
-            top_k=None if params.greedy else params.top_k,
-            top_p=None if params.greedy else params.top_p,
-            repetition_penalty=params.repetition_penalty,
-            previous_ids=previous,
-        )
-        if params.greedy:
-            return int(logits.argmax(-1))
-        return int(torch.multinomial(logits.softmax(-1), 1, generator=request.generator))
+        return int(sample(logits, params, request.generator, previous))
 
     def _advance(self, request: GenerationRequest, token: int, scored: TokenLogprob | None) -> bool:
         """Record ``token`` for ``request`` and tell it; True when the sequence has ended."""

@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from gptkit.generation.sampling import MAX_LOGPROBS, SamplingParams
 from gptkit.serve.config import ServeLimits
-from gptkit.serve.engine import MAX_LOGPROBS, SamplingParams
 
 MAX_STOP_STRINGS = 4  # as OpenAI
 

@@ -9,9 +9,9 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from gptkit.generation import load_for_generation
 from gptkit.serve.config import ServeLimits
 from gptkit.serve.engine import Engine
-from gptkit.textgen import load_for_generation
 
 
 def run_server(

@@ -1,7 +1,7 @@
 """Supervised fine-tuning (GPT-1 §3.2): L3(C) = L2(C) + λ·L1(C).
 
 This module reads the data, builds the task model and trains it through the one training loop:
-the model itself (the linear head W_y on h_n, eq. 3, and the loss) is :mod:`gptkit.task_model`,
+the model itself (the linear head W_y on h_n, eq. 3, and the loss) is :mod:`gptkit.model.task`,
 the input transformations :mod:`gptkit.data.tasks`, the shared run setup :mod:`gptkit.train.run`.
 The best dev-set model is kept at the top of the run directory, ready for
 ``TaskModel.from_pretrained``.
@@ -20,7 +20,6 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
-from gptkit.checkpoint import CONFIG_NAME, SAFETENSORS_NAME
 from gptkit.config import config_error
 from gptkit.data.readers import DATASETS, Example, parse_columns, read_dataset, read_table
 from gptkit.data.sampler import EpochSampler
@@ -36,7 +35,7 @@ from gptkit.data.tasks import (
 from gptkit.hardware import DEVICE_HELP
 from gptkit.io import read_json, write_json
 from gptkit.model import GPT
-from gptkit.task_model import (
+from gptkit.model.task import (
     HEAD_NAME,
     PAD_TO_MULTIPLE,
     TASK_NAME,
@@ -44,7 +43,9 @@ from gptkit.task_model import (
     read_task_state,
     save_task_model,
 )
+from gptkit.model.weights import CONFIG_NAME, SAFETENSORS_NAME
 from gptkit.tokenizer import Tokenizer
+from gptkit.train.config import TrainConfig
 from gptkit.train.distributed import (
     DistributedContext,
     full_model_state_dict,
@@ -53,7 +54,7 @@ from gptkit.train.distributed import (
     unwrap,
     wrap_model,
 )
-from gptkit.train.loop import TrainConfig, Trainer
+from gptkit.train.loop import Trainer
 from gptkit.train.run import (
     ModelShape,
     base_vocab_size,
@@ -62,8 +63,8 @@ from gptkit.train.run import (
     resume_latest,
     run_config,
 )
+from gptkit.train.rundir import RunDir
 
-BEST_NAME = "best.json"  # the dev score of the model at the top of the run directory
 WARMUP_FRACTION = 0.002  # the paper's warm-up: 0.2% of training
 
 
@@ -190,8 +191,9 @@ class BestModel:
     def __init__(self, out_dir: Path, metric: str, save_model, ctx: DistributedContext, resume: bool):
         self.out_dir, self.metric, self.save_model, self.ctx = out_dir, metric, save_model, ctx
         self.best: dict = {"score": -math.inf}
-        if resume and (out_dir / BEST_NAME).exists():  # the best epoch before the interruption
-            self.best.update(read_json(out_dir / BEST_NAME))
+        self.run_dir = RunDir(out_dir)
+        if resume and self.run_dir.best.exists():  # the best epoch before the interruption
+            self.best.update(read_json(self.run_dir.best))
 
     def __call__(self, step: int, metrics: dict[str, float], model: nn.Module) -> None:
         score = metrics.get(f"dev_{self.metric}", metrics.get("dev_accuracy", -math.inf))
@@ -201,12 +203,12 @@ class BestModel:
         # Every rank takes part in gathering the state (FSDP shards it); rank 0 writes it.
         state = {k: v.detach().cpu() for k, v in full_model_state_dict(model, self.ctx).items()}
         if self.ctx.is_main:
-            staging = self.out_dir / ".best.tmp"
+            staging = self.run_dir.staging(self.run_dir.best)
             self.save_model(staging, state)
             for name in (CONFIG_NAME, SAFETENSORS_NAME, HEAD_NAME, TASK_NAME):
                 os.replace(staging / name, self.out_dir / name)
             shutil.rmtree(staging, ignore_errors=True)
-            write_json(self.out_dir / BEST_NAME, self.best)
+            write_json(self.run_dir.best, self.best)
 
 
 def load_examples(config: FinetuneConfig, split: str) -> list[Example]:
@@ -365,7 +367,7 @@ def finetune(config: FinetuneConfig, train: FinetuneTrainConfig) -> dict:
             "init": config.init,
         }
         if ctx.is_main:
-            write_json(out_dir / "results.json", results)
+            write_json(RunDir(out_dir).results, results)
         return results
     finally:
         shutdown_distributed()

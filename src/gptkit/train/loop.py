@@ -1,217 +1,51 @@
 """The one training loop, shared by pre-training (L1) and fine-tuning (L3 = L2 + λ·L1).
 
 The two stages differ in the batches they feed and in what the model's forward returns as
-``.loss``; accumulation, clipping, autocast, the schedule, evaluation, logging, checkpointing and
-exact resume live here once.
-
-A run directory holds ``run_config.json``, ``metrics.jsonl``, ``loss.png`` and ``checkpoints/``:
-``step-NNNNNNN/`` folders (model files + ``train_state.pt``), each written under a temporary name
-and renamed when complete, and ``latest.json`` naming the newest complete one. A ``kill -9`` thus
-loses at most the steps since the last checkpoint, and a non-finite step is never saved.
+``.loss``; accumulation, clipping, autocast, the schedule and evaluation live here once, and the
+loop hands its other jobs to parts: the run directory's layout (:mod:`~gptkit.train.rundir`),
+checkpoints that resume exactly (:mod:`~gptkit.train.checkpointer`), the metrics log
+(:mod:`~gptkit.train.metrics_log`) and the time-budget planner (:mod:`~gptkit.train.budget`).
+A non-finite update is never applied, and never saved.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import re
-import shutil
 import signal
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-from gptkit.config import check_choices, config_error
 from gptkit.hardware import bf16_native, resolve_precision
-from gptkit.io import atomic_write, read_json, read_train_state, write_json
-from gptkit.train.distributed import (
-    DistributedContext,
-    full_state_dicts,
-    gradient_sync,
-    load_full_state_dicts,
-    unwrap,
-)
+from gptkit.io import write_json
+from gptkit.train.budget import TimeBudget
+from gptkit.train.checkpointer import CheckpointConfig, Checkpointer, SaveModel, set_rng_state
+from gptkit.train.config import TrainConfig, parse_duration
+from gptkit.train.distributed import DistributedContext, gradient_sync, unwrap
 from gptkit.train.memory import keep_freed_memory
+from gptkit.train.metrics_log import MetricsLogger, MetricsWriter, plot_metrics, read_metrics
 from gptkit.train.optim import build_optimizers, learning_rate
+from gptkit.train.rundir import CHECKPOINTS, LATEST, TRAIN_STATE, RunDir
 
-CHECKPOINTS = "checkpoints"
-PLAN_AFTER_UPDATES = 4  # updates timed (after the first) before a time budget is planned
-LATEST = "latest.json"
-TRAIN_STATE = "train_state.pt"
-
-
-@dataclass
-class TrainConfig:
-    """Optimisation settings. Defaults are GPT-1's pre-training (§4.1); every value is checked."""
-
-    max_steps: int | None = field(
-        default=100_000,
-        metadata={"help": "Optimizer updates to run (with --time-budget: at most this many)."},
-    )
-    batch_size: int = field(default=64, metadata={"help": "Global batch, in sequences, per update."})
-    micro_batch_size: int | None = field(
-        default=None,
-        metadata={
-            "help": "Sequences per forward pass; the rest is gradient accumulation (default: the whole "
-            "batch)."
-        },
-    )
-    lr: float = field(default=2.5e-4, metadata={"help": "Maximum learning rate."})
-    warmup_steps: int | None = field(
-        default=None,
-        metadata={
-            "help": "Linear warm-up updates from 0 (default: the paper's 2000, or a tenth of max_steps "
-            "when training is shorter than 20,000 updates)."
-        },
-    )
-    schedule: Literal["cosine", "linear", "wsd", "constant"] = field(
-        default="cosine",
-        metadata={
-            "help": "Decay after warm-up, to 0 at max_steps (wsd: hold the rate, then decay linearly over "
-            "the last 20%)."
-        },
-    )
-    optimizer: Literal["adamw", "muon"] = field(
-        default="adamw",
-        metadata={
-            "help": "adamw (the paper's), or muon: Muon (orthogonalised momentum) for the blocks' matrices, "
-            "AdamW for the rest, on one schedule."
-        },
-    )
-    adamw_lr_scale: float = field(
-        default=1.0,
-        metadata={
-            "help": "With --optimizer muon: AdamW's rate (embeddings, biases, gains) as a fraction of --lr. "
-            "Keeps the embeddings at a scale that fine-tuning can still move."
-        },
-    )
-    weight_decay: float = field(default=0.01, metadata={"help": "AdamW decay on weights of rank >= 2."})
-    beta1: float = field(default=0.9, metadata={"help": "Adam β1."})
-    beta2: float = field(default=0.999, metadata={"help": "Adam β2."})
-    eps: float = field(default=1e-8, metadata={"help": "Adam ε."})
-    grad_clip: float = field(default=1.0, metadata={"help": "Global gradient-norm clip (0 disables)."})
-    precision: Literal["auto", "fp32", "bf16"] = field(
-        default="auto",
-        metadata={
-            "help": "auto: bf16 autocast where the hardware computes bf16 natively (CUDA with bf16, a CPU "
-            "with AVX512-BF16 or AMX), else fp32."
-        },
-    )
-    time_budget: str | None = field(
-        default=None,
-        metadata={
-            "help": "Wall-clock budget such as 90s, 5m or 1h30m: the first updates are timed and the "
-            "schedule is planned for the updates that fit (warm-up keeps its share); ends with a "
-            "checkpoint (default: none)."
-        },
-    )
-    compile: bool = field(default=False, metadata={"help": "torch.compile the model."})
-    eval_every: int | None = field(
-        default=500, metadata={"help": "Evaluate every N updates (0 or none: only at the end)."}
-    )
-    checkpoint_every: int | None = field(
-        default=1000, metadata={"help": "Checkpoint every N updates (none: only at the end)."}
-    )
-    log_every: int = field(default=10, metadata={"help": "Write metrics.jsonl every N updates."})
-    keep_checkpoints: int = field(default=2, metadata={"help": "How many recent checkpoints to keep."})
-    seed: int = field(default=1337, metadata={"help": "Seed for init, data order and dropout."})
-    on_nonfinite: Literal["stop", "skip"] = field(
-        default="stop",
-        metadata={"help": "A NaN/inf loss: stop with an error, or skip the update with a warning."},
-    )
-    fsdp: bool = field(default=False, metadata={"help": "Shard with FSDP2 instead of DDP (torchrun only)."})
-    progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
-
-    def __post_init__(self) -> None:
-        def fail(name: str, problem: str) -> None:
-            raise config_error(self, name, problem)
-
-        for name in ("max_steps", "micro_batch_size", "checkpoint_every"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                fail(
-                    name,
-                    f"must be a positive number of {'sequences' if 'batch' in name else 'updates'}, got {value}",
-                )
-        for name in ("batch_size", "log_every", "keep_checkpoints"):
-            if getattr(self, name) <= 0:
-                fail(name, f"must be positive, got {getattr(self, name)}")
-        for name in ("warmup_steps", "eval_every"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                fail(name, f"must be >= 0, got {value}")
-        if self.micro_batch_size and self.batch_size % self.micro_batch_size:
-            fail(
-                "micro_batch_size",
-                f"{self.micro_batch_size} does not divide the batch of {self.batch_size}: pick a divisor "
-                f"such as {_largest_divisor(self.batch_size, self.micro_batch_size)}",
-            )
-        if (
-            self.max_steps is not None
-            and self.warmup_steps is not None
-            and self.warmup_steps > self.max_steps
-        ):
-            fail(
-                "warmup_steps",
-                f"{self.warmup_steps} warm-up updates are more than the {self.max_steps} of training: "
-                "lower --warmup-steps or raise --max-steps",
-            )
-        if not self.lr > 0:
-            fail("lr", f"must be > 0, got {self.lr}")
-        if not self.adamw_lr_scale > 0:
-            fail("adamw_lr_scale", f"must be > 0, got {self.adamw_lr_scale}")
-        if self.optimizer == "muon" and self.fsdp:
-            # FSDP hands each process a shard of every matrix; Muon orthogonalises whole matrices.
-            fail("optimizer", "muon does not run with --fsdp (it needs whole matrices): use DDP, or adamw")
-        for name in ("weight_decay", "grad_clip"):
-            if getattr(self, name) < 0:
-                fail(name, f"must be >= 0, got {getattr(self, name)}")
-        for name in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                fail(name, f"must be in [0, 1), got {getattr(self, name)}")
-        if not self.eps > 0:
-            fail("eps", f"must be > 0, got {self.eps}")
-        check_choices(self)  # schedule, precision, on_nonfinite: from their Literal annotations
-        if self.time_budget is not None:
-            parse_duration(self.time_budget)  # raises with the expected form
-
-    def default_warmup(self, max_steps: int) -> int:
-        """Warm-up updates when ``warmup_steps`` is not given: GPT-1's 2000, at most a tenth of training."""
-        return min(2000, max_steps // 10)
-
-    def warmup_for(self, max_steps: int) -> int:
-        return self.warmup_steps if self.warmup_steps is not None else self.default_warmup(max_steps)
-
-    @property
-    def time_budget_seconds(self) -> float | None:
-        return None if self.time_budget is None else parse_duration(self.time_budget)
-
-
-def _largest_divisor(n: int, at_most: int) -> int:
-    return max(d for d in range(1, min(n, at_most) + 1) if n % d == 0)
-
-
-_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
-
-
-def parse_duration(text: str | float | int) -> float:
-    """Seconds in ``90``, ``90s``, ``5m``, ``1h30m`` or ``2.5m``."""
-    match = _DURATION.fullmatch(str(text).strip().lower())
-    if not str(text).strip() or match is None or not any(match.groups()):
-        raise ValueError(f"time budget: expected a duration such as 90s, 5m or 1h30m, got {text!r}")
-    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
-    total = hours * 3600 + minutes * 60 + seconds
-    if total <= 0:
-        raise ValueError(f"time budget: must be more than 0 seconds, got {text!r}")
-    return total
+__all__ = [
+    "CHECKPOINTS",
+    "LATEST",
+    "TRAIN_STATE",
+    "BatchSource",
+    "NonFiniteLossError",
+    "TrainConfig",
+    "Trainer",
+    "parse_duration",
+    "plot_metrics",
+    "read_metrics",
+]
 
 
 class BatchSource(Protocol):
@@ -258,6 +92,7 @@ class Trainer:
         run_config: everything that defines the run, written to ``run_config.json``.
         after_evaluate: optional; called with the step, the metrics and the model after each
             evaluation (fine-tuning keeps its best model so).
+        metrics_writers: extra destinations for the metrics log's records (metrics.jsonl always).
     """
 
     def __init__(
@@ -266,17 +101,26 @@ class Trainer:
         config: TrainConfig,
         data: BatchSource,
         out_dir: str | Path,
-        save_model: Callable[[Path, dict[str, torch.Tensor]], None],
+        save_model: SaveModel,
         ctx: DistributedContext | None = None,
         evaluate: Callable[[nn.Module], dict[str, float]] | None = None,
         run_config: dict[str, Any] | None = None,
         after_evaluate: Callable[[int, dict[str, float], nn.Module], None] | None = None,
+        metrics_writers: tuple[MetricsWriter, ...] = (),
     ):
         self.ctx = ctx or DistributedContext()
         self.model, self.config, self.data = model, config, data
-        self.out_dir = Path(out_dir)
-        self.save_model, self.evaluate, self.after_evaluate = save_model, evaluate, after_evaluate
+        self.run_dir = RunDir(out_dir)
+        self.out_dir = self.run_dir.root
+        self.evaluate, self.after_evaluate = evaluate, after_evaluate
         self.run_config = run_config or {}
+        self.checkpointer = Checkpointer(
+            self.run_dir,
+            save_model,
+            CheckpointConfig(config.checkpoint_every, config.keep_checkpoints),
+            self.ctx,
+        )
+        self.metrics = MetricsLogger(self.run_dir, metrics_writers, enabled=self.ctx.is_main)
         self.step = 0
         self.tokens_seen = 0
         self.optimizers = build_optimizers(
@@ -310,79 +154,51 @@ class Trainer:
         self.warmup_steps = config.warmup_for(config.max_steps)
         self.plan: dict[str, Any] = {}
         self.clock: Callable[[], float] = time.perf_counter  # what time budgets are measured with
+        self.evaluation_seconds = 0.0  # spent evaluating, in all (a time budget's pace excludes it)
 
-    # Checkpoints ---------------------------------------------------------------------------------
+    # Checkpoints (the Checkpointer does the work) --------------------------------------------------
+
+    @property
+    def save_model(self) -> SaveModel:
+        return self.checkpointer.save_model
+
+    @save_model.setter
+    def save_model(self, save_model: SaveModel) -> None:
+        self.checkpointer.save_model = save_model
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.out_dir / CHECKPOINTS
+        return self.run_dir.checkpoints
 
     def save_checkpoint(self) -> Path:
         """Write model + optimizer + schedule position + RNG + data position; all ranks must call it."""
-        model_state, optim_state = full_state_dicts(self.model, self.optimizers, self.ctx)
-        rng_states = self.ctx.all_gather_object(_rng_state())
-        final = self.checkpoint_dir / f"step-{self.step:07d}"
-        if self.ctx.is_main:
-            tmp = self.checkpoint_dir / f".step-{self.step:07d}.tmp"
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            self.save_model(tmp, model_state)
-            train_state = {
-                "step": self.step,
-                "tokens_seen": self.tokens_seen,
-                "optimizer": optim_state,
-                "data": self.data.state_dict(),
-                "rng": rng_states,
-                "world_size": self.ctx.world_size,
-                "plan": json.dumps(self.plan),  # JSON text: the file holds only tensors and plain values
-            }
-            torch.save(train_state, tmp / TRAIN_STATE)
-            shutil.rmtree(final, ignore_errors=True)
-            tmp.rename(final)
-            write_json(self.checkpoint_dir / LATEST, {"step": self.step, "path": final.name})
-            self._prune_checkpoints()
-        self.ctx.barrier()
-        return final
-
-    def _prune_checkpoints(self) -> None:
-        done = sorted(p for p in self.checkpoint_dir.glob("step-*") if p.is_dir())
-        for old in done[: -self.config.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
+        state = {"tokens_seen": self.tokens_seen, "data": self.data.state_dict(), "plan": self.plan}
+        return self.checkpointer.save(self.step, self.model, self.optimizers, state)
 
     def latest_checkpoint(self) -> Path | None:
-        pointer = self.checkpoint_dir / LATEST
-        if not pointer.exists():
-            return None
-        name = read_json(pointer).get("path")
-        if not isinstance(name, str):
-            raise ValueError(f"{pointer}: no 'path' naming the latest step-* checkpoint; fix or delete it")
-        path = self.checkpoint_dir / name
-        return path if (path / TRAIN_STATE).exists() else None
+        return self.checkpointer.latest()
 
     def resume(self, checkpoint: Path, load_model_state: Callable[[Path], dict[str, torch.Tensor]]) -> None:
         """Continue exactly where ``checkpoint`` stopped: same weights, moments, step, data, RNG."""
-        state = read_train_state(checkpoint / TRAIN_STATE)
-        load_full_state_dicts(self.model, self.optimizers, load_model_state(checkpoint), state["optimizer"])
+        state = self.checkpointer.load(checkpoint, self.model, self.optimizers, load_model_state)
         self.step = int(state["step"])
         self.tokens_seen = int(state.get("tokens_seen", 0))
         # A run planned for a time budget keeps its plan: the schedule must not change under it.
         # Otherwise the config rules, so that --resume --max-steps N extends a finished run.
-        plan = json.loads(state.get("plan", "{}"))
-        if plan:
-            self.plan, self.max_steps, self.warmup_steps = plan, plan["planned_steps"], plan["warmup_steps"]
+        if state["plan"]:
+            self.plan = state["plan"]
+            self.max_steps, self.warmup_steps = self.plan["planned_steps"], self.plan["warmup_steps"]
         self.data.load_state_dict(state["data"])
-        rng = state["rng"]
-        if len(rng) == self.ctx.world_size:
-            _set_rng_state(rng[self.ctx.rank])
+        if state["rng"] is not None:
+            set_rng_state(state["rng"])
         else:
             warnings.warn(
-                f"checkpoint was written by {len(rng)} process(es), resuming with {self.ctx.world_size}: "
-                "dropout randomness restarts from the seed",
+                f"checkpoint was written by {state['rng_processes']} process(es), resuming with "
+                f"{self.ctx.world_size}: dropout randomness restarts from the seed",
                 stacklevel=2,
             )
             torch.manual_seed(self.config.seed + self.ctx.rank + self.step)
-        if self.ctx.is_main:
-            _truncate_metrics(self.out_dir / "metrics.jsonl", self.step)
+        self.metrics.truncate(self.step)
 
     # The loop ------------------------------------------------------------------------------------
 
@@ -392,9 +208,18 @@ class Trainer:
             print(f"precision: {self.precision.reason}; device: {ctx.device}", flush=True)
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self._write_run_config()
-        budget = config.time_budget_seconds if not self.plan else None
-        fit_started = self.clock()
-        first_step, timing_from = self.step, None
+        budget = None
+        if config.time_budget_seconds is not None and not self.plan:  # a resumed plan stands
+            budget = TimeBudget(
+                config.time_budget_seconds,
+                config.time_budget,
+                config.max_steps,
+                config.planned_warmup,
+                config.eval_every or 0,
+                ctx,
+                self.clock,
+            )
+            budget.start(self.step)
         bar = tqdm(
             total=self.max_steps,
             initial=self.step,
@@ -413,28 +238,7 @@ class Trainer:
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
                 if budget is not None:
-                    if timing_from is None:  # the first update pays for warm-up: time from its end
-                        timing_from = now
-                    elif not self.plan and self.step - first_step > PLAN_AFTER_UPDATES:
-                        self._plan_for_budget(budget, now - fit_started, now - timing_from, first_step)
-                        bar.total = self.max_steps
-                        bar.refresh()
-                    if self._past_deadline(now - fit_started >= budget) and self.step < self.max_steps:
-                        # Past the deadline (the plan was too hopeful): this update is the last.
-                        bar.write(
-                            f"time budget of {config.time_budget} spent: stopping at update {self.step}"
-                        )
-                        # The run is complete as it stands (a resume has nothing left to do): record so,
-                        # also when the deadline came before the plan was made.
-                        self.max_steps = self.step
-                        self.plan.update(
-                            time_budget_s=budget,
-                            planned_steps=self.step,
-                            warmup_steps=self.warmup_steps,
-                            stopped_at_deadline=True,
-                        )
-                        if ctx.is_main:
-                            self._write_run_config()  # what ran, not what was planned
+                    self._follow_budget(budget, now, bar)
                 self._after_step(loss, grad_norm, tokens_per_s)
         except KeyboardInterrupt:
             interrupted = True
@@ -442,7 +246,7 @@ class Trainer:
         finally:
             bar.close()
             signal.signal(signal.SIGTERM, previous_sigterm)
-        if self.step > 0 and not (self.latest_checkpoint() and self._latest_step() == self.step):
+        if self.step > 0 and not self.checkpointer.holds(self.step):
             self.save_checkpoint()
         if interrupted:
             # Saved; now let the caller stop too (the CLI exits with status 130).
@@ -451,73 +255,47 @@ class Trainer:
             )
         if self.evaluate is not None and not config.eval_every:
             self._evaluate()
-        if ctx.is_main:
-            plot_metrics(self.out_dir / "metrics.jsonl", self.out_dir / "loss.png")
+        self.metrics.plot()
+        self.metrics.close()
         return self.last_metrics
+
+    def _follow_budget(self, budget: TimeBudget, now: float, bar: tqdm) -> None:
+        """Plan (or re-plan) the run for its time budget; stop it at the deadline."""
+        time_evaluation = (
+            self._timed_evaluation if self.evaluate is not None and self.config.eval_every else None
+        )
+        plan = budget.after_update(self.step, now, time_evaluation, self.evaluation_seconds)
+        if plan is not None:
+            self.plan = plan
+            self.max_steps, self.warmup_steps = plan["planned_steps"], plan["warmup_steps"]
+            bar.total = self.max_steps
+            bar.refresh()
+            if self.ctx.is_main:
+                tqdm.write(budget.message())
+                self._write_run_config()
+        if self.step < self.max_steps and budget.past_deadline(now):
+            # Past the deadline (the plan was too hopeful): this update is the last. The run is
+            # complete as it stands (a resume has nothing left to do), also when the deadline came
+            # before the plan was made.
+            bar.write(f"time budget of {self.config.time_budget} spent: stopping at update {self.step}")
+            self.plan = budget.stop_here(self.step, self.warmup_steps)
+            self.max_steps = self.step
+            if self.ctx.is_main:
+                self._write_run_config()  # what ran, not what was planned
+
+    def _timed_evaluation(self) -> float:
+        """One periodic evaluation, logged and timed (a time budget plans room for those to come)."""
+        before = self.evaluation_seconds
+        metrics = self._evaluate()
+        self.metrics.log({"step": self.step, **metrics})
+        return self.evaluation_seconds - before
 
     def _write_run_config(self) -> None:
         resolved = {"precision": self.precision.value, "precision_reason": self.precision.reason}
         resolved.update(device=str(self.ctx.device), max_steps=self.max_steps, warmup_steps=self.warmup_steps)
         if self.plan:
             resolved["time_budget_plan"] = self.plan
-        write_json(self.out_dir / "run_config.json", {**self.run_config, "resolved": resolved})
-
-    def _plan_for_budget(self, budget: float, elapsed: float, timed: float, first_step: int) -> None:
-        """Fit the rest of the run into ``budget`` seconds, from the time of the updates so far.
-
-        One evaluation is run now and timed too (when evaluation is periodic), so that the plan
-        leaves room for those still to come. Warm-up keeps its share of the (shorter) run.
-        """
-        config = self.config
-        seconds_per_eval = 0.0
-        if self.evaluate is not None and config.eval_every:
-            started = self.clock()
-            metrics = self._evaluate()
-            seconds_per_eval = self.clock() - started
-            if self.ctx.is_main:
-                _append_jsonl(self.out_dir / "metrics.jsonl", {"step": self.step, **metrics})
-            elapsed += seconds_per_eval
-        # Every process must plan the same number of updates: plan from the mean of their timings.
-        timings = torch.tensor(
-            [timed / (self.step - first_step - 1), seconds_per_eval, elapsed], dtype=torch.float32
-        )
-        seconds_per_update, seconds_per_eval, elapsed = self.ctx.all_reduce_mean(
-            timings.to(self.ctx.device)
-        ).tolist()
-        # Keep 3% for checkpoints, the final evaluation and noise; evaluations come every eval_every.
-        remaining = budget * 0.97 - elapsed - seconds_per_eval
-        per_update = seconds_per_update + (seconds_per_eval / config.eval_every if config.eval_every else 0)
-        fits = max(int(remaining / per_update), 0)
-        planned = min(self.max_steps, self.step + fits)
-        if config.warmup_steps is None:
-            warmup = config.default_warmup(planned)
-        else:
-            warmup = round(config.warmup_steps * planned / self.max_steps)
-        self.max_steps, self.warmup_steps = planned, min(warmup, planned)
-        self.plan = {
-            "time_budget_s": budget,
-            "seconds_per_update": round(seconds_per_update, 4),
-            "seconds_per_evaluation": round(seconds_per_eval, 4),
-            "planned_steps": planned,
-            "warmup_steps": self.warmup_steps,
-        }
-        if self.ctx.is_main:
-            tqdm.write(
-                f"time budget {config.time_budget}: {seconds_per_update:.2f}s per update measured over "
-                f"{self.step - first_step - 1} updates → {planned} updates planned "
-                f"(warm-up {self.warmup_steps})"
-            )
-            self._write_run_config()
-
-    def _past_deadline(self, past: bool) -> bool:
-        """Whether any process is past the time budget: all of them stop at the same update."""
-        if not self.ctx.is_distributed:
-            return past
-        flag = torch.tensor([1.0 if past else 0.0], device=self.ctx.device)
-        return bool(self.ctx.all_reduce_mean(flag).item() > 0)
-
-    def _latest_step(self) -> int:
-        return int(read_json(self.checkpoint_dir / LATEST)["step"])
+        write_json(self.run_dir.run_config, {**self.run_config, "resolved": resolved})
 
     def _train_step(self) -> tuple[float, float, int]:
         config, ctx = self.config, self.ctx
@@ -583,14 +361,14 @@ class Trainer:
             }
         if self.evaluate is not None and config.eval_every and (self.step % config.eval_every == 0 or last):
             record = {**(record or {"step": self.step}), **self._evaluate()}
-        if record is not None and self.ctx.is_main:
-            _append_jsonl(self.out_dir / "metrics.jsonl", record)
-        if (config.checkpoint_every and self.step % config.checkpoint_every == 0) or last:
+        if record is not None:
+            self.metrics.log(record)
+        if self.checkpointer.due(self.step) or last:
             self.save_checkpoint()
-            if self.ctx.is_main:
-                plot_metrics(self.out_dir / "metrics.jsonl", self.out_dir / "loss.png")
+            self.metrics.plot()
 
     def _evaluate(self) -> dict[str, float]:
+        started = self.clock()
         was_training = self.model.training
         self.model.eval()
         with torch.no_grad(), autocast(self.precision.value, self.ctx.device):
@@ -599,20 +377,8 @@ class Trainer:
             self.after_evaluate(self.step, metrics, self.model)
         self.model.train(was_training)
         self.last_metrics = metrics
+        self.evaluation_seconds += self.clock() - started
         return metrics
-
-
-def _rng_state() -> dict[str, torch.Tensor]:
-    state = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def _set_rng_state(state: dict[str, torch.Tensor]) -> None:
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
 
 
 def _raise_keyboard_interrupt_on_sigterm():
@@ -625,52 +391,3 @@ def _raise_keyboard_interrupt_on_sigterm():
         return signal.signal(signal.SIGTERM, handler)
     except ValueError:  # not the main thread
         return signal.getsignal(signal.SIGTERM)
-
-
-def _append_jsonl(path: Path, record: dict) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-
-
-def read_metrics(path: str | Path) -> list[dict]:
-    path = Path(path)
-    if not path.exists():
-        return []
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def _truncate_metrics(path: Path, step: int) -> None:
-    """On resume, forget records past the checkpoint: they will be written again."""
-    records = [r for r in read_metrics(path) if r["step"] <= step]
-    text = "".join(json.dumps(r) + "\n" for r in records)
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-
-
-def plot_metrics(metrics_path: Path, png_path: Path) -> None:
-    """Training (and validation) loss against step, as a PNG. Skipped if matplotlib is missing."""
-    records = read_metrics(metrics_path)
-    if not records:
-        return
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    fig, ax = plt.subplots(figsize=(7, 4))
-    train = [(r["step"], r["loss"]) for r in records if "loss" in r]
-    if train:
-        ax.plot(*zip(*train), label="train loss", linewidth=1)
-    for key in ("val_loss", "dev_loss"):
-        points = [(r["step"], r[key]) for r in records if key in r]
-        if points:
-            ax.plot(*zip(*points), "o-", label=key.replace("_", " "))
-    ax.set_xlabel("update")
-    ax.set_ylabel("cross-entropy (nats / token)")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    atomic_write(png_path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
-    plt.close(fig)

@@ -11,13 +11,14 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from gptkit.checkpoint import CONFIG_NAME, SAFETENSORS_NAME, read_state_dict, save_state_dict
 from gptkit.config import config_error
 from gptkit.data.shards import TokenShard, WindowSampler, eval_windows
 from gptkit.hardware import DEVICE_HELP
+from gptkit.model.weights import CONFIG_NAME, SAFETENSORS_NAME, read_state_dict, save_state_dict
 from gptkit.tokenizer import Tokenizer
+from gptkit.train.config import TrainConfig
 from gptkit.train.distributed import init_distributed, shutdown_distributed, wrap_model
-from gptkit.train.loop import TrainConfig, Trainer
+from gptkit.train.loop import Trainer
 from gptkit.train.run import (
     ModelShape,
     base_vocab_size,
@@ -90,7 +91,7 @@ def export_latest(trainer: Trainer) -> None:
     if latest is None or not trainer.ctx.is_main:
         return
     for name in (SAFETENSORS_NAME, CONFIG_NAME):
-        tmp = trainer.out_dir / f".{name}.tmp"
+        tmp = trainer.run_dir.staging(trainer.out_dir / name)
         shutil.copyfile(latest / name, tmp)
         os.replace(tmp, trainer.out_dir / name)
 

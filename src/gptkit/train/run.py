@@ -18,7 +18,8 @@ import torch
 from gptkit.config import Activation, GPTConfig, PositionEncoding, check_choices, config_error
 from gptkit.model import GPT
 from gptkit.tokenizer import Tokenizer
-from gptkit.train.loop import CHECKPOINTS, Trainer
+from gptkit.train.loop import Trainer
+from gptkit.train.rundir import RunDir
 
 
 @dataclass
@@ -116,7 +117,7 @@ def base_vocab_size(tokenizer: Tokenizer) -> int:
 
 def check_run_dir(out_dir: Path, resume: bool) -> None:
     """A run directory is never overwritten: it must be new, or resumed."""
-    if not resume and (out_dir / CHECKPOINTS).exists():
+    if not resume and RunDir(out_dir).holds_a_run():
         raise FileExistsError(
             f"{out_dir} already holds a run: pass --resume to continue it, or choose another --out"
         )
@@ -126,7 +127,7 @@ def resume_latest(trainer: Trainer, load_model_state: Callable[[Path], dict[str,
     """Continue ``trainer``'s run from its newest complete checkpoint."""
     checkpoint = trainer.latest_checkpoint()
     if checkpoint is None:
-        raise FileNotFoundError(f"--resume: no checkpoint in {trainer.out_dir / CHECKPOINTS}")
+        raise FileNotFoundError(f"--resume: no checkpoint in {trainer.run_dir.checkpoints}")
     trainer.resume(checkpoint, load_model_state)
 
 

@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 
 from gptkit.hardware import has_decoding_layout, onednn_linear, onednn_pack, onednn_packing_available
-from gptkit.model import GPT
+from gptkit.model.network import GPT
 
 QUANTIZATIONS = ("none", "int8")
 DECODING_LAYOUT = "decoding-layout"  # GPT.quantized of a model in the decoding layout

@@ -7,7 +7,7 @@
 GPT-1 puts LayerNorm after each residual add (``ln_position="post"``); GPT-2 puts it before each
 sub-block and adds a final one (``ln_position="pre"``). Parameter names are those of the Hugging
 Face checkpoints (``wte``, ``wpe``, ``h.N.attn.c_attn``, ...) so published weights map one to one;
-``checkpoint.py`` holds the small table for GPT-1's ``tokens_embed``/``positions_embed`` names.
+``weights.py`` holds the small table for GPT-1's ``tokens_embed``/``positions_embed`` names.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ class GPT(nn.Module):
         self.ln_f = (
             nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.ln_position == "pre" else None
         )
-        # Inference-only replacement of the tied output layer (gptkit.quantize); None: h_n·W_e^T.
+        # Inference-only replacement of the tied output layer (gptkit.model.layouts); None: h_n·W_e^T.
         self.lm_head: nn.Module | None = None
         self.quantized: str | None = None
         self.apply(self._init_weights)
@@ -331,8 +331,8 @@ class GPT(nn.Module):
         A name such as ``"gpt2"`` that is not a local directory is downloaded from the Hugging Face Hub
         (needs ``huggingface_hub`` and a network).
         """
-        # Deliberate convenience: checkpoint.py (a layer above, it imports this module) does the work.
-        from gptkit.checkpoint import load_pretrained
+        # weights.py (it imports this module) does the work: imported here, when called.
+        from gptkit.model.weights import load_pretrained
 
         return load_pretrained(source, **kwargs)
 
@@ -342,15 +342,9 @@ class GPT(nn.Module):
             raise ValueError(
                 f"this model's weights are in an inference-only format ({self.quantized}): save the original"
             )
-        from gptkit.checkpoint import save_pretrained  # convenience, as in from_pretrained
+        from gptkit.model.weights import save_pretrained  # as in from_pretrained
 
         save_pretrained(self, directory)
-
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
-        """Autoregressive decoding with a KV cache; see :func:`gptkit.generate.generate`."""
-        from gptkit.generate import generate  # convenience: generate.py is the layer above
-
-        return generate(self, input_ids, max_new_tokens, **kwargs)
 
 
 def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -20,12 +20,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from gptkit.checkpoint import read_state_dict, save_state_dict
 from gptkit.data.readers import OPTIONAL_FIELDS, TEXT_FIELDS, Example
 from gptkit.data.tasks import EncodedExample, TaskSpec, collate, encode_examples
 from gptkit.hardware import resolve_device
 from gptkit.io import read_json_object, read_safetensors, save_safetensors, write_json
-from gptkit.model import GPT
+from gptkit.model.network import GPT
+from gptkit.model.weights import read_state_dict, save_state_dict
 from gptkit.tokenizer import Tokenizer
 
 HEAD_NAME = "task_head.safetensors"

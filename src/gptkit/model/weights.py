@@ -26,7 +26,7 @@ from gptkit.io import (
     save_safetensors,
     write_json,
 )
-from gptkit.model import GPT, sinusoidal_positions
+from gptkit.model.network import GPT, sinusoidal_positions
 
 CONFIG_NAME = "config.json"
 _HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")

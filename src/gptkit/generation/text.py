@@ -1,4 +1,4 @@
-"""Text in, text out: the tokenizer wrapped around :mod:`gptkit.generate`.
+"""Text in, text out: the tokenizer wrapped around :mod:`gptkit.generation.decode`.
 
 Prompts longer than the model can take are left-truncated: the last ``context_length - max_new_tokens``
 prompt tokens are kept (a warning says how many were dropped), since the end of a prompt is
@@ -7,7 +7,6 @@ what the continuation depends on most.
 
 from __future__ import annotations
 
-import os
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
@@ -15,14 +14,15 @@ from pathlib import Path
 
 import torch
 
-from gptkit.generate import generate, stream_ids
+from gptkit.generation.decode import generate, stream_ids
+from gptkit.generation.incremental import IncrementalText
+from gptkit.generation.sampling import SamplingParams, sampling_params
 from gptkit.hardware import Choice, has_decoding_layout, resolve_device, resolve_inference_dtype
 from gptkit.model import GPT
-from gptkit.quantize import QUANTIZATIONS, decoding_layout, quantize_int8
+from gptkit.model.layouts import QUANTIZATIONS, decoding_layout, quantize_int8
 from gptkit.tokenizer import END_OF_TEXT, GPT1_SPECIAL_TOKENS, Tokenizer
 
-# Tokens held back while streaming text: the newest ones may still change how the text reads.
-HOLD_BACK = 2
+DEFAULT_NEW_TOKENS = 50  # a continuation's length when neither max_new_tokens nor params say
 
 
 def load_for_generation(
@@ -42,9 +42,9 @@ def load_for_generation(
     natively. The choice rests on a short measurement, so the same seed may sample differently on
     another machine or under other load: fix ``dtype`` for reproducible samples (the default here,
     float32, is exact). ``verbose`` prints the choice and its reason. ``quantize="int8"`` stores the
-    weights as int8 with bf16 activations (see :mod:`gptkit.quantize`): for decoding on a CPU.
+    weights as int8 with bf16 activations (see :mod:`gptkit.model.layouts`): for decoding on a CPU.
     Weights loaded for decoding on a CPU (fp32, or bf16 where it is native) are stored in the layouts
-    its matrix-vector products stream fastest (:func:`gptkit.quantize.decoding_layout`: the same
+    its matrix-vector products stream fastest (:func:`gptkit.model.layouts.decoding_layout`: the same
     values; sums in another order, so fp32 logits agree to ~1e-6).
     """
     if quantize not in QUANTIZATIONS:
@@ -60,7 +60,7 @@ def load_for_generation(
     if quantize == "int8":
         model = quantize_int8(model)
     elif decoding and has_decoding_layout(getattr(torch, choice.value), torch_device):
-        model = decoding_layout(model)  # the same values, streamed faster on this CPU (quantize.py)
+        model = decoding_layout(model)  # the same values, streamed faster on this CPU (gptkit.model.layouts)
     tokenizer = Tokenizer.from_pretrained(tokenizer_dir or model_dir)
     return model, tokenizer
 
@@ -91,100 +91,85 @@ def encode_prompt(model: GPT, tokenizer: Tokenizer, prompt: str, max_new_tokens:
     return ids
 
 
-def _sampling_kwargs(tokenizer: Tokenizer, seed: int | None, kwargs: dict) -> dict:
-    if seed is not None:
-        kwargs["generator"] = torch.Generator().manual_seed(seed)
+def _text_params(params: SamplingParams | None, max_new_tokens: int | None, settings: dict) -> SamplingParams:
+    if params is None and max_new_tokens is None:
+        max_new_tokens = DEFAULT_NEW_TOKENS
+    if "stop" in settings and settings["stop"] is None:
+        del settings["stop"]
+    return sampling_params(params, max_new_tokens, **settings)
+
+
+def _end_ids(tokenizer: Tokenizer) -> dict:
     eot = tokenizer.special_tokens.get(END_OF_TEXT)
-    if eot is not None:
-        kwargs.setdefault("eos_token_id", eot)
-        kwargs.setdefault("pad_token_id", eot)
-    return kwargs
+    return {} if eot is None else {"eos_token_id": eot, "pad_token_id": eot}
 
 
 def stream_text(
     model: GPT,
     tokenizer: Tokenizer,
     prompt: str,
-    max_new_tokens: int = 50,
-    stop: Sequence[str] | None = None,
-    seed: int | None = None,
+    max_new_tokens: int | None = None,
+    params: SamplingParams | None = None,
     raw: bool = False,
-    **kwargs,
+    generator: torch.Generator | None = None,
+    **settings,
 ) -> Iterator[str]:
     """Yield the continuation of ``prompt`` piece by piece, as tokens are decoded.
 
-    ``stop`` strings end the text before them; other keywords are :func:`gptkit.generate.stream_ids`'s
-    (``do_sample``, ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``). The text is joined
-    as a person would read it (GPT-1's ``king 's`` becomes ``king's``, see
-    :func:`gptkit.tokenizer.detokenize`) unless ``raw``.
+    ``params`` (or :class:`SamplingParams`' fields as keywords: ``temperature``, ``top_k``, ``top_p``,
+    ``repetition_penalty``, ``seed``, ``stop``; no temperature: greedy) say how; ``max_new_tokens``
+    (default 50) overrides ``params.max_tokens``. Stop strings end the text before them. The text is
+    joined as a person would read it (GPT-1's ``king 's`` becomes ``king's``, see
+    :func:`gptkit.tokenizer.detokenize`) unless ``raw``. ``generator``: draws the samples (default: a
+    new one seeded with ``params.seed``; pass one to draw several different seeded samples). See
+    :class:`~gptkit.generation.incremental.IncrementalText` for what is held back while streaming.
     """
-    decode = tokenizer.decode if raw else tokenizer.decode_text
+    params = _text_params(params, max_new_tokens, settings)
     device = next(model.parameters()).device
-    ids = encode_prompt(model, tokenizer, prompt, max_new_tokens)
-    kwargs = _sampling_kwargs(tokenizer, seed, kwargs)
-    eos = kwargs.get("eos_token_id")
-    # Decode the continuation together with the prompt, so word boundaries (GPT-1's </w>) come out right.
-    decoded_prompt = decode(ids)
-
-    def continuation(new_ids: list[int]) -> str:
-        text = decode(ids + new_ids)
-        return text[len(decoded_prompt) :] if text.startswith(decoded_prompt) else decode(new_ids)
-
-    def cut_at_stop(text: str) -> tuple[str, bool]:
-        cuts = [text.find(s) for s in stop or () if s in text]
-        return (text[: min(cuts)], True) if cuts else (text, False)
-
-    new_ids: list[int] = []
-    recent: list[str] = []  # the text after each of the last HOLD_BACK + 1 tokens, oldest first
-    emitted = ""
-    for step in stream_ids(model, torch.tensor([ids], device=device), max_new_tokens, **kwargs):
+    ids = encode_prompt(model, tokenizer, prompt, params.max_tokens)
+    ends = _end_ids(tokenizer)
+    text = IncrementalText(tokenizer, ids, params.stop, raw=raw)
+    for step in stream_ids(
+        model, torch.tensor([ids], device=device), params=params, generator=generator, **ends
+    ):
         token = int(step[0])
-        if token == eos:
+        if token == ends.get("eos_token_id"):
             break
-        new_ids.append(token)
-        recent = [*recent[-HOLD_BACK:], continuation(new_ids)]
-        text, stopped = cut_at_stop(recent[-1])
-        if stopped:
-            break
-        # Text can still change while its last tokens are the newest: half a UTF-8 character, or a
-        # joining rule of GPT-1's detokenizer ("well -" becomes "well-known"). Emit only what the
-        # text shared before the last HOLD_BACK tokens arrived: that much no longer changes.
-        stable = recent[0] if len(recent) > HOLD_BACK else ""
-        stable_length = len(os.path.commonprefix([text, stable]))
-        while stable_length and text[stable_length - 1] == "\ufffd":  # a character still arriving
-            stable_length -= 1
-        if stable_length > len(emitted) and text.startswith(emitted):
-            yield text[len(emitted) : stable_length]
-            emitted = text[:stable_length]
-    text, _ = cut_at_stop(recent[-1] if recent else "")
-    text = text.removesuffix("\ufffd")  # a character cut short by the end of generation
-    if text.startswith(emitted) and len(text) > len(emitted):
-        yield text[len(emitted) :]
+        piece = text.push(token)
+        if piece:
+            yield piece
+        if text.stopped:
+            return
+    rest = text.flush()
+    if rest:
+        yield rest
 
 
 def generate_text(
     model: GPT,
     tokenizer: Tokenizer,
     prompts: Sequence[str],
-    max_new_tokens: int = 50,
-    seed: int | None = None,
+    max_new_tokens: int | None = None,
+    params: SamplingParams | None = None,
     raw: bool = False,
-    **kwargs,
+    generator: torch.Generator | None = None,
+    **settings,
 ) -> list[str]:
     """Continuations of several prompts at once (left-padded into one batch), joined as a person
-    reads text unless ``raw`` (see :func:`stream_text`)."""
+    reads text unless ``raw``, each cut at its first stop string (see :func:`stream_text`)."""
+    params = _text_params(params, max_new_tokens, settings)
     device = next(model.parameters()).device
-    encoded = [encode_prompt(model, tokenizer, p, max_new_tokens) for p in prompts]
-    kwargs = _sampling_kwargs(tokenizer, seed, kwargs)
+    encoded = [encode_prompt(model, tokenizer, p, params.max_tokens) for p in prompts]
+    ends = _end_ids(tokenizer)
     width = max(len(ids) for ids in encoded)
-    pad = kwargs.get("pad_token_id", 0)
+    pad = ends.get("pad_token_id", 0)
     input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in encoded], device=device)
     mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded], device=device)
-    out = generate(model, input_ids, max_new_tokens, attention_mask=mask, **kwargs)
+    out = generate(model, input_ids, params=params, attention_mask=mask, generator=generator, **ends)
     texts = []
-    eos = kwargs.get("eos_token_id")
-    for row in out[:, width:].tolist():
-        if eos is not None and eos in row:
-            row = row[: row.index(eos)]
-        texts.append(tokenizer.decode(row) if raw else tokenizer.decode_text(row))
+    for ids, row in zip(encoded, out[:, width:].tolist()):
+        if ends and ends["eos_token_id"] in row:
+            row = row[: row.index(ends["eos_token_id"])]
+        text = IncrementalText(tokenizer, ids, params.stop, raw=raw)
+        texts.append("".join(text.push(token) for token in row) + text.flush())
     return texts

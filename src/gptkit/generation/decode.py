@@ -1,0 +1,103 @@
+"""Autoregressive decoding with a KV cache: token ids in, token ids out, one step at a time.
+
+The prompt is run through the model once, filling the cache; each further step feeds one token and
+picks the next with :func:`gptkit.generation.sampling.sample`. Rows of a batch may have prompts of
+different lengths: they are left-padded and masked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from gptkit.generation.sampling import SamplingParams, sample, sampling_params
+from gptkit.model import GPT, KVCache
+
+
+@torch.no_grad()
+def stream_ids(
+    model: GPT,
+    input_ids: torch.Tensor,
+    max_new_tokens: int | None = None,
+    params: SamplingParams | None = None,
+    *,
+    eos_token_id: int | Sequence[int] | None = None,
+    pad_token_id: int = 0,
+    attention_mask: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+    **settings,
+) -> Iterator[torch.Tensor]:
+    """Yield the next token of every row, (B,), one step at a time.
+
+    How tokens are chosen: ``params``, or :class:`SamplingParams`' fields as keywords (``temperature``,
+    ``top_k``, ``top_p``, ``repetition_penalty``; none given: greedy). ``max_new_tokens`` overrides
+    ``params.max_tokens``. ``generator`` (default: one seeded with ``params.seed``, if any) draws the
+    samples. Rows that produced an end token yield ``pad_token_id`` afterwards; the iteration stops
+    when every row has ended or after ``max_tokens`` steps. Stop strings are the text functions' job.
+    """
+    params = sampling_params(params, max_new_tokens, **settings)
+    max_new_tokens = params.max_tokens
+    if generator is None:
+        generator = params.generator(input_ids.device)
+    if input_ids.dim() != 2 or input_ids.size(1) == 0:
+        raise ValueError(
+            f"input_ids must be (batch, prompt length) with at least one token, got {tuple(input_ids.shape)}; "
+            "for unconditional samples start from the start/end-of-text token"
+        )
+    B, T = input_ids.shape
+    limit = model.config.context_length
+    if T + max_new_tokens > limit:
+        raise ValueError(
+            f"prompt of {T} tokens + {max_new_tokens} new tokens exceeds the model's context of {limit}; "
+            f"shorten the prompt to at most {max(limit - max_new_tokens, 0)} tokens or ask for fewer new tokens"
+        )
+    stop_ids = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or []))
+    stop_ids = stop_ids.to(input_ids.device)
+    finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+
+    was_training = model.training
+    model.eval()
+    try:
+        dtype = next(model.parameters()).dtype
+        cache = KVCache(model.config, B, T + max_new_tokens, input_ids.device, dtype) if use_cache else None
+        sequence, mask = input_ids, attention_mask
+        step_input = input_ids
+        for _ in range(max_new_tokens):
+            if cache is None:  # recompute the whole sequence each step (the reference path)
+                step_input = sequence
+            logits = model(step_input, attention_mask=mask, cache=cache).logits[:, -1, :]
+            previous = sequence if params.repetition_penalty != 1.0 else None
+            next_ids = sample(logits, params, generator, previous)
+            next_ids = torch.where(finished, torch.full_like(next_ids, pad_token_id), next_ids)
+            yield next_ids
+            if stop_ids.numel():
+                finished |= torch.isin(next_ids, stop_ids)
+                if bool(finished.all()):
+                    return
+            sequence = torch.cat([sequence, next_ids[:, None]], dim=1)
+            step_input = next_ids[:, None]
+            if mask is not None:
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+    finally:
+        model.train(was_training)
+
+
+def generate(
+    model: GPT,
+    input_ids: torch.Tensor,
+    max_new_tokens: int | None = None,
+    params: SamplingParams | None = None,
+    **kwargs,
+) -> torch.LongTensor:
+    """Decode up to ``max_new_tokens`` tokens after ``input_ids`` (B, T); returns (B, T + N).
+
+    N is ``max_new_tokens`` unless every row hit ``eos_token_id`` sooner. ``params`` and the keyword
+    arguments are those of :func:`stream_ids` (``temperature``, ``top_k``, ``top_p``, ...; greedy
+    unless a temperature is given).
+    """
+    steps = list(stream_ids(model, input_ids, max_new_tokens, params, **kwargs))
+    if not steps:
+        return input_ids
+    return torch.cat([input_ids, torch.stack(steps, dim=1)], dim=1)

@@ -1,0 +1,118 @@
+"""Checkpoints that resume exactly: save, prune, find the latest, load.
+
+Each checkpoint is a ``step-NNNNNNN/`` folder of the run directory (see :mod:`gptkit.train.rundir`):
+the model's files and ``train_state.pt`` (optimizer moments, step, data position, every process's
+RNG, the time budget's plan), written under a temporary name and renamed when complete, then named
+in ``latest.json``. A ``kill -9`` thus loses at most the updates since the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from gptkit.io import read_train_state, write_json
+from gptkit.train.distributed import DistributedContext, full_state_dicts, load_full_state_dicts
+from gptkit.train.rundir import TRAIN_STATE, RunDir
+
+SaveModel = Callable[[Path, dict[str, torch.Tensor]], None]
+
+
+@dataclass
+class CheckpointConfig:
+    """When and how many checkpoints (the training loop's ``checkpoint_every``/``keep_checkpoints``)."""
+
+    every: int | None = None  # updates between checkpoints (None/0: only at the end)
+    keep: int = 3  # the newest this many are kept
+
+
+class Checkpointer:
+    """Writes and reads the checkpoints of one run directory; every process calls ``save``."""
+
+    def __init__(
+        self, run_dir: RunDir, save_model: SaveModel, config: CheckpointConfig, ctx: DistributedContext
+    ):
+        self.run_dir, self.save_model, self.config, self.ctx = run_dir, save_model, config, ctx
+
+    def due(self, step: int) -> bool:
+        return bool(self.config.every) and step % self.config.every == 0
+
+    def save(
+        self, step: int, model: nn.Module, optimizers: list[torch.optim.Optimizer], state: dict[str, Any]
+    ) -> Path:
+        """Write ``step``'s checkpoint: the model, the optimizers and ``state`` (the data position,
+        tokens seen, the plan: plain values). Every process takes part (FSDP gathers shards)."""
+        model_state, optim_state = full_state_dicts(model, optimizers, self.ctx)
+        rng_states = self.ctx.all_gather_object(rng_state())
+        final = self.run_dir.checkpoint(step)
+        if self.ctx.is_main:
+            staging = self.run_dir.staging(final)
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+            self.save_model(staging, model_state)
+            train_state = {
+                "step": step,
+                "optimizer": optim_state,
+                "rng": rng_states,
+                "world_size": self.ctx.world_size,
+                **state,
+            }
+            if isinstance(
+                train_state.get("plan"), dict
+            ):  # JSON text: the file holds tensors and plain values
+                train_state["plan"] = json.dumps(train_state["plan"])
+            torch.save(train_state, staging / TRAIN_STATE)
+            shutil.rmtree(final, ignore_errors=True)
+            staging.rename(final)
+            write_json(self.run_dir.latest_pointer, {"step": step, "path": final.name})
+            self.prune()
+        self.ctx.barrier()
+        return final
+
+    def prune(self) -> None:
+        for old in self.run_dir.completed_checkpoints()[: -self.config.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def latest(self) -> Path | None:
+        return self.run_dir.latest_checkpoint()
+
+    def holds(self, step: int) -> bool:
+        """Whether the newest checkpoint is of ``step`` (nothing new to save)."""
+        return self.latest() is not None and self.run_dir.latest_step() == step
+
+    def load(
+        self,
+        checkpoint: Path,
+        model: nn.Module,
+        optimizers: list[torch.optim.Optimizer],
+        load_model_state: Callable[[Path], dict[str, torch.Tensor]],
+    ) -> dict[str, Any]:
+        """Put ``checkpoint``'s weights and moments into ``model`` and ``optimizers``; return the
+        rest of its state (step, data position, RNG for this process or None, the plan as a dict)."""
+        state = read_train_state(checkpoint / TRAIN_STATE)
+        load_full_state_dicts(model, optimizers, load_model_state(checkpoint), state["optimizer"])
+        state["plan"] = json.loads(state.get("plan", "{}"))
+        rng = state["rng"]
+        state["rng"] = rng[self.ctx.rank] if len(rng) == self.ctx.world_size else None
+        state["rng_processes"] = len(rng)
+        return state
+
+
+def rng_state() -> dict[str, torch.Tensor]:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, torch.Tensor]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

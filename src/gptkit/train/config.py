@@ -1,0 +1,182 @@
+"""The training loop's settings: :class:`TrainConfig` (GPT-1's pre-training defaults, every value
+checked) and the durations a time budget is written in."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gptkit.config import check_choices, config_error
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation settings. Defaults are GPT-1's pre-training (§4.1); every value is checked."""
+
+    max_steps: int | None = field(
+        default=100_000,
+        metadata={"help": "Optimizer updates to run (with --time-budget: at most this many)."},
+    )
+    batch_size: int = field(default=64, metadata={"help": "Global batch, in sequences, per update."})
+    micro_batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "Sequences per forward pass; the rest is gradient accumulation (default: the whole "
+            "batch)."
+        },
+    )
+    lr: float = field(default=2.5e-4, metadata={"help": "Maximum learning rate."})
+    warmup_steps: int | None = field(
+        default=None,
+        metadata={
+            "help": "Linear warm-up updates from 0 (default: the paper's 2000, or a tenth of max_steps "
+            "when training is shorter than 20,000 updates)."
+        },
+    )
+    schedule: Literal["cosine", "linear", "wsd", "constant"] = field(
+        default="cosine",
+        metadata={
+            "help": "Decay after warm-up, to 0 at max_steps (wsd: hold the rate, then decay linearly over "
+            "the last 20%)."
+        },
+    )
+    optimizer: Literal["adamw", "muon"] = field(
+        default="adamw",
+        metadata={
+            "help": "adamw (the paper's), or muon: Muon (orthogonalised momentum) for the blocks' matrices, "
+            "AdamW for the rest, on one schedule."
+        },
+    )
+    adamw_lr_scale: float = field(
+        default=1.0,
+        metadata={
+            "help": "With --optimizer muon: AdamW's rate (embeddings, biases, gains) as a fraction of --lr. "
+            "Keeps the embeddings at a scale that fine-tuning can still move."
+        },
+    )
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW decay on weights of rank >= 2."})
+    beta1: float = field(default=0.9, metadata={"help": "Adam β1."})
+    beta2: float = field(default=0.999, metadata={"help": "Adam β2."})
+    eps: float = field(default=1e-8, metadata={"help": "Adam ε."})
+    grad_clip: float = field(default=1.0, metadata={"help": "Global gradient-norm clip (0 disables)."})
+    precision: Literal["auto", "fp32", "bf16"] = field(
+        default="auto",
+        metadata={
+            "help": "auto: bf16 autocast where the hardware computes bf16 natively (CUDA with bf16, a CPU "
+            "with AVX512-BF16 or AMX), else fp32."
+        },
+    )
+    time_budget: str | None = field(
+        default=None,
+        metadata={
+            "help": "Wall-clock budget such as 90s, 5m or 1h30m: the first updates are timed and the "
+            "schedule is planned for the updates that fit (warm-up keeps its share); ends with a "
+            "checkpoint (default: none)."
+        },
+    )
+    compile: bool = field(default=False, metadata={"help": "torch.compile the model."})
+    eval_every: int | None = field(
+        default=500, metadata={"help": "Evaluate every N updates (0 or none: only at the end)."}
+    )
+    checkpoint_every: int | None = field(
+        default=1000, metadata={"help": "Checkpoint every N updates (none: only at the end)."}
+    )
+    log_every: int = field(default=10, metadata={"help": "Write metrics.jsonl every N updates."})
+    keep_checkpoints: int = field(default=2, metadata={"help": "How many recent checkpoints to keep."})
+    seed: int = field(default=1337, metadata={"help": "Seed for init, data order and dropout."})
+    on_nonfinite: Literal["stop", "skip"] = field(
+        default="stop",
+        metadata={"help": "A NaN/inf loss: stop with an error, or skip the update with a warning."},
+    )
+    fsdp: bool = field(default=False, metadata={"help": "Shard with FSDP2 instead of DDP (torchrun only)."})
+    progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
+
+    def __post_init__(self) -> None:
+        def fail(name: str, problem: str) -> None:
+            raise config_error(self, name, problem)
+
+        for name in ("max_steps", "micro_batch_size", "checkpoint_every"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                fail(
+                    name,
+                    f"must be a positive number of {'sequences' if 'batch' in name else 'updates'}, got {value}",
+                )
+        for name in ("batch_size", "log_every", "keep_checkpoints"):
+            if getattr(self, name) <= 0:
+                fail(name, f"must be positive, got {getattr(self, name)}")
+        for name in ("warmup_steps", "eval_every"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                fail(name, f"must be >= 0, got {value}")
+        if self.micro_batch_size and self.batch_size % self.micro_batch_size:
+            fail(
+                "micro_batch_size",
+                f"{self.micro_batch_size} does not divide the batch of {self.batch_size}: pick a divisor "
+                f"such as {_largest_divisor(self.batch_size, self.micro_batch_size)}",
+            )
+        if (
+            self.max_steps is not None
+            and self.warmup_steps is not None
+            and self.warmup_steps > self.max_steps
+        ):
+            fail(
+                "warmup_steps",
+                f"{self.warmup_steps} warm-up updates are more than the {self.max_steps} of training: "
+                "lower --warmup-steps or raise --max-steps",
+            )
+        if not self.lr > 0:
+            fail("lr", f"must be > 0, got {self.lr}")
+        if not self.adamw_lr_scale > 0:
+            fail("adamw_lr_scale", f"must be > 0, got {self.adamw_lr_scale}")
+        if self.optimizer == "muon" and self.fsdp:
+            # FSDP hands each process a shard of every matrix; Muon orthogonalises whole matrices.
+            fail("optimizer", "muon does not run with --fsdp (it needs whole matrices): use DDP, or adamw")
+        for name in ("weight_decay", "grad_clip"):
+            if getattr(self, name) < 0:
+                fail(name, f"must be >= 0, got {getattr(self, name)}")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                fail(name, f"must be in [0, 1), got {getattr(self, name)}")
+        if not self.eps > 0:
+            fail("eps", f"must be > 0, got {self.eps}")
+        check_choices(self)  # schedule, precision, on_nonfinite: from their Literal annotations
+        if self.time_budget is not None:
+            parse_duration(self.time_budget)  # raises with the expected form
+
+    def default_warmup(self, max_steps: int) -> int:
+        """Warm-up updates when ``warmup_steps`` is not given: GPT-1's 2000, at most a tenth of training."""
+        return min(2000, max_steps // 10)
+
+    def warmup_for(self, max_steps: int) -> int:
+        return self.warmup_steps if self.warmup_steps is not None else self.default_warmup(max_steps)
+
+    def planned_warmup(self, planned: int) -> int:
+        """The warm-up of a run a time budget cut to ``planned`` updates: it keeps its share."""
+        if self.warmup_steps is None:
+            return self.default_warmup(planned)
+        return round(self.warmup_steps * planned / self.max_steps)
+
+    @property
+    def time_budget_seconds(self) -> float | None:
+        return None if self.time_budget is None else parse_duration(self.time_budget)
+
+
+def _largest_divisor(n: int, at_most: int) -> int:
+    return max(d for d in range(1, min(n, at_most) + 1) if n % d == 0)
+
+
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Seconds in ``90``, ``90s``, ``5m``, ``1h30m`` or ``2.5m``."""
+    match = _DURATION.fullmatch(str(text).strip().lower())
+    if not str(text).strip() or match is None or not any(match.groups()):
+        raise ValueError(f"time budget: expected a duration such as 90s, 5m or 1h30m, got {text!r}")
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+    total = hours * 3600 + minutes * 60 + seconds
+    if total <= 0:
+        raise ValueError(f"time budget: must be more than 0 seconds, got {text!r}")
+    return total

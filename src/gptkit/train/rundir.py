@@ -1,0 +1,106 @@
+"""A run directory's layout, in one place: every reader and writer of a run goes through :class:`RunDir`.
+
+::
+
+    runs/NAME/
+      run_config.json       what defines the run; "resolved": what the hardware and a time budget chose
+      metrics.jsonl         one JSON record per logged update: the source of truth for every logger and plot
+      loss.png              the curves
+      config.json, model.safetensors, tokenizer files
+                            the model: pre-training's newest checkpoint, fine-tuning's best epoch
+      task.json, head.safetensors, best.json, results.json
+                            fine-tuning: the task, its head, the best epoch's dev score, the final scores
+      checkpoints/
+        latest.json         {"step", "path"}: the newest complete checkpoint
+        step-NNNNNNN/       model files + train_state.pt, written under a temporary name, then renamed
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gptkit.io import read_json
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest.json"
+TRAIN_STATE = "train_state.pt"
+METRICS = "metrics.jsonl"
+LOSS_PLOT = "loss.png"
+RUN_CONFIG = "run_config.json"
+BEST = "best.json"
+RESULTS = "results.json"
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The paths of one run directory (nothing is created until something is written)."""
+
+    root: Path
+
+    def __init__(self, root: str | Path):
+        object.__setattr__(self, "root", Path(root))
+
+    @property
+    def run_config(self) -> Path:
+        return self.root / RUN_CONFIG
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / METRICS
+
+    @property
+    def loss_plot(self) -> Path:
+        return self.root / LOSS_PLOT
+
+    @property
+    def best(self) -> Path:
+        return self.root / BEST
+
+    @property
+    def results(self) -> Path:
+        return self.root / RESULTS
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / CHECKPOINTS
+
+    @property
+    def latest_pointer(self) -> Path:
+        return self.checkpoints / LATEST
+
+    def checkpoint(self, step: int) -> Path:
+        return self.checkpoints / f"step-{step:07d}"
+
+    def staging(self, final: Path) -> Path:
+        """Where ``final`` is written before it is renamed into place: a hidden sibling."""
+        return final.parent / f".{final.name}.tmp"
+
+    def completed_checkpoints(self) -> list[Path]:
+        """Every complete ``step-*`` folder, oldest first."""
+        return sorted(p for p in self.checkpoints.glob("step-*") if (p / TRAIN_STATE).is_file())
+
+    def holds_a_run(self) -> bool:
+        """Whether training has started here (a checkpoints folder exists)."""
+        return self.checkpoints.exists()
+
+    def latest_checkpoint(self) -> Path | None:
+        """The newest complete checkpoint that ``latest.json`` names, or None."""
+        if not self.latest_pointer.exists():
+            return None
+        name = read_json(self.latest_pointer).get("path")
+        if not isinstance(name, str):
+            raise ValueError(
+                f"{self.latest_pointer}: no 'path' naming the latest step-* checkpoint; fix or delete it"
+            )
+        path = self.checkpoints / name
+        return path if (path / TRAIN_STATE).exists() else None
+
+    def latest_step(self) -> int | None:
+        if not self.latest_pointer.exists():
+            return None
+        return int(read_json(self.latest_pointer)["step"])
+
+    def resolved_max_steps(self) -> int:
+        """The updates the run planned (after a time budget's plan), from ``run_config.json``."""
+        return int(read_json(self.run_config)["resolved"]["max_steps"])
