@@ -152,8 +152,8 @@ def test_load_for_generation_uses_the_decoding_layout_for_cpu_decoding_only(tmp_
     decoding, _ = load_for_generation(tmp_path, device="cpu")
     scoring, _ = load_for_generation(tmp_path, device="cpu", decoding=False)
     bf16, _ = load_for_generation(tmp_path, device="cpu", dtype="bfloat16")
-    assert decoding.quantized == DECODING_LAYOUT
-    assert scoring.quantized is None
-    assert bf16.quantized == (
+    assert decoding.inference_layout == DECODING_LAYOUT
+    assert scoring.inference_layout is None
+    assert bf16.inference_layout == (
         DECODING_LAYOUT if has_decoding_layout(torch.bfloat16, torch.device("cpu")) else None
     )

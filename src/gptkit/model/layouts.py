@@ -33,7 +33,7 @@ from gptkit.hardware import has_decoding_layout, onednn_linear, onednn_pack, one
 from gptkit.model.network import GPT
 
 QUANTIZATIONS = ("none", "int8")
-DECODING_LAYOUT = "decoding-layout"  # GPT.quantized of a model in the decoding layout
+DECODING_LAYOUT = "decoding-layout"  # GPT.inference_layout of a model in the decoding layout
 
 
 class Int8Linear(nn.Module):
@@ -77,7 +77,7 @@ def quantize_int8(model: GPT) -> GPT:
     model.to(torch.bfloat16).eval()
     _replace_block_linears(model, lambda linear: Int8Linear(linear.weight, linear.bias))
     model.lm_head = Int8Linear(model.wte.weight)  # the tied output layer; the lookup keeps wte
-    model.quantized = "int8"
+    model.inference_layout = "int8"
     return model
 
 
@@ -145,5 +145,5 @@ def decoding_layout(model: GPT) -> GPT:
             model.lm_head = TransposedLinear(embedding_t)
             # The lookup reads rows of the same storage (a strided view): no second copy of the table.
             model.wte.weight = nn.Parameter(embedding_t.t(), requires_grad=False)
-    model.quantized = DECODING_LAYOUT
+    model.inference_layout = DECODING_LAYOUT
     return model

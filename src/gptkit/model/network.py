@@ -161,7 +161,8 @@ class GPT(nn.Module):
         )
         # Inference-only replacement of the tied output layer (gptkit.model.layouts); None: h_n·W_e^T.
         self.lm_head: nn.Module | None = None
-        self.quantized: str | None = None
+        # "int8" or "decoding-layout" once gptkit.model.layouts has stored the weights for inference.
+        self.inference_layout: str | None = None
         self.apply(self._init_weights)
         for block in self.h:
             self._scale_residual_init(block)
@@ -338,9 +339,9 @@ class GPT(nn.Module):
 
     def save_pretrained(self, directory: str | Path) -> None:
         """Write ``config.json`` and ``model.safetensors`` in the Hugging Face format."""
-        if self.quantized:
+        if self.inference_layout:
             raise ValueError(
-                f"this model's weights are in an inference-only format ({self.quantized}): save the original"
+                f"this model's weights are in an inference-only format ({self.inference_layout}): save the original"
             )
         from gptkit.model.weights import save_pretrained  # as in from_pretrained
 
