@@ -33,7 +33,7 @@ def demo(data_dir, tmp_path_factory) -> Path:
     return out
 
 
-def test_quick_demo_runs_every_stage(demo):
+def test_quick_demo_runs_every_stage(demo, data_dir):
     summary = json.loads((demo / "summary.json").read_text())
     assert set(summary["sst2_dev_accuracy"]) == {"pretrained", "from_scratch", "majority_class"}
     assert summary["sst2_dev_accuracy"]["majority_class"] == pytest.approx(444 / 872)
@@ -54,6 +54,18 @@ def test_quick_demo_runs_every_stage(demo):
         assert result["stderr"] == pytest.approx(paired.std(ddof=1) / np.sqrt(size))
         assert result["metric"] == f"{split} accuracy" and 0.4 < result["majority_class"] < 0.6
     assert summary["tasks"]["sst2"]["pretrained"] == summary["sst2_dev_accuracy"]["pretrained"]
+    # The tasks' unlabelled text joined pre-training: every training sentence and story opening,
+    # and nothing of what is reported or of the labels (no dev sentence, no story ending).
+    from gptkit.data.readers import read_dataset
+
+    sst2 = (demo / "task_text" / "sst2.txt").read_text(encoding="utf-8").splitlines()
+    assert sst2 == [e.fields["text"] for e in read_dataset("sst2", "train", data_dir)]
+    assert not set(sst2) & {e.fields["text"] for e in read_dataset("sst2", "dev", data_dir)}
+    stories = (demo / "task_text" / "story_cloze.txt").read_text(encoding="utf-8").splitlines()
+    train_stories = read_dataset("story_cloze", "train", data_dir)
+    assert stories == [e.fields["context"] for e in train_stories]
+    test_openings = {e.fields["context"] for e in read_dataset("story_cloze", "test", data_dir)}
+    assert not set(stories) & test_openings
     for name in (
         "tokenizer/encoder.json",
         "pretrain/model.safetensors",
@@ -129,7 +141,25 @@ def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
         "20",
     )
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["examples"] == 20
+    # The heuristic by hand (§5): after "<sentence> very", is "positive" likelier than "negative"?
+    from gptkit.data.readers import read_dataset
+
+    def logprob(prefix: list[int], word: list[int]) -> float:
+        ids = torch.tensor([prefix + word])
+        with torch.no_grad():
+            logp = model(ids).logits.float().log_softmax(-1)[0]
+        return sum(float(logp[len(prefix) - 1 + i, t]) for i, t in enumerate(word))
+
+    examples = read_dataset("sst2", "dev", data_dir)[:20]
+    right = 0
+    for e in examples:
+        prefix = tokenizer.encode(e.fields["text"] + " very")
+        positive = logprob(prefix, tokenizer.encode("positive")) > logprob(
+            prefix, tokenizer.encode("negative")
+        )
+        right += positive == (e.label == "1")
+    report = json.loads(result.stdout)
+    assert report["examples"] == 20 and report["accuracy"] == pytest.approx(right / 20)
     result = gptkit(
         "zeroshot",
         "--model",
@@ -163,16 +193,38 @@ def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
         "8",
     )
     assert result.returncode == 0, result.stderr
-    assert "recommended: temperature" in result.stdout
-    assert (tmp_path / "tradeoff.png").stat().st_size > 1000
-    assert len(json.loads((tmp_path / "tradeoff.json").read_text())["settings"]) == 2
+    tradeoff = json.loads((tmp_path / "tradeoff.json").read_text())
+    assert [s["temperature"] for s in tradeoff["settings"]] == [0.5, 1.0]
+    # The fidelity reference by hand: the true continuations' mean NLL per token under the model.
+    from gptkit.evaluate.tradeoff import passages_from_text
+
+    passages = passages_from_text(tokenizer.encode(text.read_text(encoding="utf-8")), 8, 8, 3)
+    nll = -sum(logprob(prompt, truth) for prompt, truth in passages) / (3 * 8)
+    assert tradeoff["reference_nll"] == pytest.approx(nll, rel=1e-3)
+    recommended = min(tradeoff["settings"], key=lambda s: abs(s["sample_nll"] - nll))
+    assert f"recommended: temperature {recommended['temperature']}" in result.stdout
+    for setting in tradeoff["settings"]:  # shares, and a distinct-2 never below distinct-1's floor
+        assert 0 < setting["distinct_1"] <= 1 and 0 < setting["distinct_2"] <= 1
+    assert (tmp_path / "tradeoff.png").exists()
 
 
 def test_evaluate_and_predict_commands(demo, data_dir, tmp_path):
     model = demo / "sst2-pretrained"
     result = gptkit("evaluate", "--model", model, "--dataset", "sst2", "--data-dir", data_dir)
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["examples"] == 872
+    report = json.loads(result.stdout)
+    # The same score by another path: the task model's predict() (label names from its logits)
+    # against the labels in the file; and one sentence at a time (no padding) as in batches.
+    from gptkit.data.readers import read_dataset
+    from gptkit.model.task import TaskModel
+
+    task_model = TaskModel.from_pretrained(model, device="cpu").eval()
+    examples = read_dataset("sst2", "dev", data_dir)
+    predicted = [p["label"] for p in task_model.predict(examples, batch_size=64)]
+    right = sum(label == e.label for label, e in zip(predicted, examples))
+    assert report["examples"] == 872 and report["accuracy"] == pytest.approx(right / 872)
+    one_by_one = [p["label"] for p in task_model.predict(examples[:40], batch_size=1)]
+    assert one_by_one == predicted[:40]
     data = tmp_path / "reviews.jsonl"
     data.write_text('{"review": "a gem"}\n{"review": "dull and long"}\n')
     out = tmp_path / "predictions.jsonl"
