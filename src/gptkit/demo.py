@@ -1,6 +1,7 @@
 """`make demo`: the paper's whole recipe, small enough for a laptop CPU, and its one claim shown.
 
-1. Train a GPT-1-style BPE vocabulary (ftfy + spaCy + ``</w>``) on public-domain books.
+1. Train a GPT-1-style BPE vocabulary (ftfy + spaCy + ``</w>``) on public-domain books and the
+   unlabelled text of the two tasks' training splits (no labels; nothing of the reported splits).
 2. Prepare token shards and pre-train a small GPT (L1) for a fixed time (5 minutes by default):
    the first updates are timed and the schedule is planned for as many as fit, so the demo keeps
    its time on any CPU. Precision follows the hardware: bf16 autocast where it is native, fp32
