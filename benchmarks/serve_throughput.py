@@ -5,7 +5,7 @@ a subprocess on 127.0.0.1; the clients are asyncio tasks with httpx in this proc
 
 (a) total generated tok/s of the server (CLIENTS clients, each streaming REQUESTS_PER_CLIENT requests one
     after the other) against the same kind of requests one at a time in this process, through
-    transformers' GPT2LMHeadModel.generate (KV cache) and through gptkit.generate.generate, same weights;
+    transformers' GPT2LMHeadModel.generate (KV cache) and through gptkit.generate, same weights;
     the three alternate, REPEATS times, after a warm-up; medians;
 (b) time to first token (median, p95) of the streamed requests under that load;
 (c) the server's resident memory (VmRSS) after MEMORY_REQUESTS short requests against after its first
@@ -292,7 +292,7 @@ def measure(server: Server, model_dir: Path) -> dict:
     what = f"generated tok/s, {CLIENTS} streaming clients vs {ONE_AT_A_TIME}, GPT-2 small, fp32, greedy"
     peers = {
         "transformers": f"transformers GPT2LMHeadModel.generate (KV cache), {ONE_AT_A_TIME}",
-        "gptkit": f"gptkit.generate.generate (KV cache), {ONE_AT_A_TIME}",
+        "gptkit": f"gptkit.generate (KV cache), {ONE_AT_A_TIME}",
     }
     if skip_reason is None:
         rows = [

@@ -4,6 +4,7 @@ transformers' double-heads model, the dataset readers, and a run end to end."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -227,16 +228,11 @@ def test_finetune_end_to_end_from_scratch(tmp_path, data_dir):
 
     (tmp_path / "train.csv").write_text(rows(256))
     (tmp_path / "dev.csv").write_text(rows(64))
-    config = FinetuneConfig(
-        task="classification",
-        train=str(tmp_path / "train.csv"),
-        dev=str(tmp_path / "dev.csv"),
-        columns="text=review,label=sentiment",
-        tokenizer=str(data_dir / "gpt2_bpe"),
-        preset="tiny",
+    config = csv_config(
+        data_dir,
+        tmp_path,
         d_model=32,
         context_length=32,
-        out=str(tmp_path / "run"),
         epochs=8,
         lm_coef=0.0,
     )
@@ -268,3 +264,38 @@ def test_finetune_end_to_end_from_scratch(tmp_path, data_dir):
         for record in (ours, saved):
             assert record["label"] == expected["label"]
             assert record["probabilities"] == pytest.approx(expected["probabilities"], abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "train_text, dev_text, message",
+    [
+        ("review,sentiment\nfine,pos\ndull,neg\n", "", r"dev.csv: no examples \(the file is empty"),
+        ("review,sentiment\nfine,pos\ndull,neg\n", "review,sentiment\n", r"dev.csv: no examples"),
+        ("review,sentiment\n", "review,sentiment\nfine,pos\n", r"train.csv: no examples"),
+        ("review,mood\nfine,pos\ndull,neg\n", "review,mood\nfine,pos\n", r"train.csv.*'sentiment'"),
+    ],
+    ids=["empty dev", "header-only dev", "header-only train", "no label column"],
+)
+def test_unusable_training_files_stop_before_training_naming_file_and_column(
+    data_dir, tmp_path, train_text, dev_text, message
+):
+    (tmp_path / "train.csv").write_text(train_text)
+    (tmp_path / "dev.csv").write_text(dev_text)
+    config = csv_config(data_dir, tmp_path)
+    with pytest.raises(ValueError, match=message):
+        finetune(config, FinetuneTrainConfig(progress=False))
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def csv_config(data_dir: Path, tmp_path: Path, **overrides) -> FinetuneConfig:
+    """Fine-tuning a tiny model on tmp_path's train.csv/dev.csv (review, sentiment columns)."""
+    return FinetuneConfig(
+        task="classification",
+        train=str(tmp_path / "train.csv"),
+        dev=str(tmp_path / "dev.csv"),
+        columns="text=review,label=sentiment",
+        tokenizer=str(data_dir / "gpt2_bpe"),
+        preset="tiny",
+        out=str(tmp_path / "run"),
+        **overrides,
+    )

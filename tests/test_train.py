@@ -89,6 +89,59 @@ def test_prepare_jsonl_and_bad_rows(data_dir, tmp_path):
         prepare(data_dir / "gpt2_bpe", [tmp_path / "missing.txt"], tmp_path / "out3", show_progress=False)
 
 
+def test_a_failed_prepare_leaves_the_old_shards_and_a_foreign_tokenizer_is_refused(data_dir, tmp_path):
+    from gptkit.data.shards import check_shard_tokenizer
+
+    good = tmp_path / "docs.jsonl"
+    good.write_text("\n".join(json.dumps({"text": f"document number {i}."}) for i in range(20)) + "\n")
+    out = tmp_path / "shards"
+    meta = prepare(
+        data_dir / "gpt2_bpe", [good], out, val_fraction=0.25, jsonl_field="text", show_progress=False
+    )
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n["not", "an", "object"]\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl, line 2"):  # a GPT-1 tokenizer this time
+        prepare(data_dir / "gpt1_bpe", [bad], out, jsonl_field="text", show_progress=False)
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before  # the old shards and their own tokenizer, byte for byte
+    # No debris: the shards, and the empty lock file that one prepare at a time holds.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".shards.lock", "bad.jsonl", "docs.jsonl", "shards"]
+    assert (tmp_path / ".shards.lock").read_text() == ""
+    check_shard_tokenizer(out, meta)  # they belong together
+    # Another tokenizer put beside the shards by hand: training would misread every token.
+    Tokenizer.from_pretrained(data_dir / "gpt1_bpe").save_pretrained(out / "tokenizer")
+    with pytest.raises(ValueError, match="not the tokenizer these shards were made with"):
+        check_shard_tokenizer(out, meta)
+
+
+def test_prepare_refuses_what_is_not_text_and_reads_a_directorys_text_files(data_dir, tmp_path):
+    tokenizer = data_dir / "gpt2_bpe"
+    binary = tmp_path / "program"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 4)
+    with pytest.raises(ValueError, match=r"program: not a text file \(it holds NUL bytes\)"):
+        prepare(tokenizer, [binary], tmp_path / "out", show_progress=False)
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("café déjà vu, à bientôt. ".encode("latin-1") * 40)
+    with pytest.raises(ValueError, match=r"latin1.txt: not UTF-8 text \(\d+ of its first 1,000 bytes"):
+        prepare(tokenizer, [latin1], tmp_path / "out", show_progress=False)
+    assert not (tmp_path / "out").exists()
+    books = tmp_path / "books"
+    (books / "more").mkdir(parents=True)
+    (books / "a.txt").write_text("Alice was beginning to get very tired.\n" * 20)
+    (books / "more" / "b.txt").write_bytes((b"Down the rabbit hole she went. " * 12 + b"\xff\n") * 3)
+    (books / "notes.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00")  # not a text file: not read
+    (books / "empty.txt").write_text("")
+    with pytest.warns(UserWarning) as caught:
+        meta = prepare(tokenizer, [books], tmp_path / "out", val_fraction=0.0, show_progress=False)
+    messages = " | ".join(str(w.message) for w in caught)
+    assert "empty.txt: empty file" in messages and "b.txt: 3 byte(s) that are not UTF-8" in messages
+    assert [Path(f).name for f in meta["files"]] == ["a.txt", "empty.txt", "b.txt"]
+    (tmp_path / "nothing").mkdir()
+    with pytest.raises(FileNotFoundError, match="nothing is a directory with no .txt/.text/.md files"):
+        prepare(tokenizer, [tmp_path / "nothing"], tmp_path / "out2", show_progress=False)
+
+
 def test_windows_are_drawn_without_replacement_and_shared_across_ranks(shards):
     shard = TokenShard.open(shards, "train")
     sampler = WindowSampler(shard, context_length=32, batch_size=8, seed=1)
@@ -247,7 +300,7 @@ def test_interrupted_and_resumed_run_matches_uninterrupted(shards, tmp_path, opt
     expected = [r["loss"] for r in read_metrics(tmp_path / "a" / "metrics.jsonl") if "loss" in r]
 
     first, _ = make_trainer(shards, tmp_path / "b", loop_config(optimizer=optimizer), interrupt_at=6)
-    with pytest.raises(KeyboardInterrupt, match="interrupted at step 5; checkpoint saved"):
+    with pytest.raises(KeyboardInterrupt, match=r"interrupted at step 5 \(SIGINT\); checkpoint saved"):
         first.fit()
     assert json.loads((tmp_path / "b" / "checkpoints" / "latest.json").read_text())["step"] == 5
     torch.manual_seed(12345)  # a fresh process would not share the first run's RNG
@@ -462,6 +515,141 @@ def test_kill_9_loses_only_the_steps_since_the_last_checkpoint(shards, tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     steps = [r["step"] for r in read_metrics(out / "metrics.jsonl")]
     assert steps == list(range(1, step + 3))  # nothing after the checkpoint survived; the rest redone
+
+
+def test_resume_skips_a_damaged_latest_checkpoint_for_the_newest_intact_one(shards, tmp_path):
+    trainer, _ = make_trainer(shards, tmp_path, loop_config())  # checkpoints at 3, 6, 8; 2 kept
+    trainer.fit()
+    checkpoints = tmp_path / "checkpoints"
+    assert sorted(p.name for p in checkpoints.glob("step-*")) == ["step-0000006", "step-0000008"]
+    weights = checkpoints / "step-0000008" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # one flipped bit of a weight: the file still loads
+    weights.write_bytes(bytes(data))
+    again, _ = make_trainer(shards, tmp_path, loop_config(max_steps=10), model=small_model())
+    with pytest.warns(UserWarning, match=r"step-0000008 \(model.safetensors does not match its checksum\)"):
+        assert again.latest_checkpoint().name == "step-0000006"
+    (checkpoints / "step-0000008" / "train_state.pt").unlink()
+    with pytest.warns(UserWarning, match=r"step-0000008 \(no train_state.pt\); resuming from step-0000006"):
+        again.resume(again.latest_checkpoint(), read_state_dict)
+    assert again.step == 6
+
+
+def test_a_full_disk_names_the_checkpoint_and_leaves_no_debris(shards, tmp_path):
+    import errno
+
+    trainer, model = make_trainer(shards, tmp_path, loop_config(max_steps=3, checkpoint_every=3))
+    trainer.fit()  # step-3 is intact
+    for _ in range(2):
+        trainer._update()
+
+    def full_disk(directory, state):
+        (directory / "model.safetensors").write_bytes(b"\0" * 1000)  # half written, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device", str(directory / "model.safetensors"))
+
+    trainer.step, trainer.save_model = 5, full_disk
+    with pytest.raises(
+        OSError, match=r"could not write checkpoint step-0000005 in .*checkpoints: No space"
+    ) as e:
+        trainer.save_checkpoint()
+    assert e.value.errno == errno.ENOSPC and "MB are free. The previous checkpoint is intact" in str(e.value)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest.json", "step-0000003"]
+
+
+def test_tensorboard_gets_the_same_numbers_as_metrics_jsonl(shards, tmp_path, monkeypatch):
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    trainer, _ = make_trainer(shards, tmp_path, loop_config(log_to=["tensorboard"]))
+    trainer.fit()
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    events = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()  # TensorBoard's own reader, on the event files
+    for name in ("loss", "lr", "grad_norm", "tokens_per_s", "val_loss"):
+        expected = [(r["step"], r[name]) for r in records if name in r]
+        got = [(e.step, e.value) for e in events.Scalars(name)]
+        assert [s for s, _ in got] == [s for s, _ in expected] and len(expected) >= 2
+        assert [v for _, v in got] == pytest.approx([v for _, v in expected], rel=1e-6)  # float32
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # not installed
+    with pytest.raises(ImportError, match=r"pip install 'gptkit\[tensorboard\]'"):
+        make_trainer(shards, tmp_path / "again", loop_config(log_to=["tensorboard"]))
+
+
+def test_a_torn_last_metrics_line_is_dropped_and_a_damaged_one_before_it_named(tmp_path):
+    from gptkit.train.metrics_log import MetricsLogger
+    from gptkit.train.rundir import RunDir
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.4}\n{"step": 3, "lo')  # power lost
+    with pytest.warns(UserWarning, match=r"metrics.jsonl, line 3: an unfinished record"):
+        assert [r["step"] for r in read_metrics(path)] == [1, 2]
+    with pytest.warns(UserWarning):
+        MetricsLogger(RunDir(tmp_path)).truncate(2)  # what --resume does: the file is whole again
+    assert [r["step"] for r in read_metrics(path)] == [1, 2]
+    path.write_text('{"step": 1}\n{"step": 2, oops}\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl, line 2: not a JSON record"):
+        read_metrics(path)
+
+
+def test_a_second_writer_is_refused_and_a_dead_writers_lock_is_taken_over(shards, tmp_path):
+    from gptkit.train.rundir import RunDir
+
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "gptkit", "pretrain", "--data", str(shards), "--out", str(out)]
+    command += ["--preset", "tiny", "--context-length", "32", "--batch-size", "4", "--max-steps", "3"]
+    command += ["--eval-every", "0", "--no-progress"]
+    with RunDir(out).writer_lock("finetune"):  # this process writes the run
+        second = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 2
+    assert f"is being written by `gptkit finetune` (pid {os.getpid()}" in second.stderr
+    assert not (out / "checkpoints").exists()  # the second writer wrote nothing
+    # A writer killed while holding the lock leaves its record; the OS released the lock itself.
+    record = {"pid": 999999, "host": "elsewhere", "command": "pretrain", "since": "yesterday"}
+    (out / ".lock").write_text(json.dumps(record))
+    taken = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert taken.returncode == 0, taken.stderr[-2000:]
+    assert "taking over the lock left by `gptkit pretrain` (pid 999999 on elsewhere" in taken.stderr
+    assert (out / ".lock").read_text() == ""  # released cleanly: nothing for the next writer to report
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+def test_a_signal_mid_run_then_resume_gives_the_uninterrupted_weights_bit_for_bit(shards, tmp_path, signum):
+    """A signal lands wherever the run is (mid-update, most often): the update in flight finishes,
+    a checkpoint is saved, the process exits 128 + the signal's number, and --resume ends on the same
+    weights as a run never stopped."""
+    import signal
+    import time
+
+    from safetensors.torch import load_file
+
+    def command(out: Path, *extra: str) -> list[str]:
+        return [
+            *(sys.executable, "-m", "gptkit", "pretrain", "--data", str(shards), "--out", str(out)),
+            *("--preset", "tiny", "--context-length", "32", "--batch-size", "8", "--micro-batch-size", "4"),
+            *("--max-steps", "60", "--warmup-steps", "2", "--checkpoint-every", "25", "--eval-every", "0"),
+            *("--log-every", "1", "--precision", "fp32", "--no-progress", *extra),
+        ]
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    straight = subprocess.run(
+        command(tmp_path / "straight"), cwd=REPO, env=env, capture_output=True, timeout=300
+    )
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    out = tmp_path / "stopped"
+    process = subprocess.Popen(command(out), cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    metrics = out / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and len(read_metrics(metrics)) >= 10):
+        time.sleep(0.05)
+    process.send_signal(getattr(signal, signum))
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + getattr(signal, signum), stderr[-2000:]
+    stopped_at = json.loads((out / "checkpoints" / "latest.json").read_text())["step"]
+    assert 10 <= stopped_at < 60 and f"interrupted at step {stopped_at} ({signum})" in stderr
+    resumed = subprocess.run(command(out, "--resume"), cwd=REPO, env=env, capture_output=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    expected = load_file(tmp_path / "straight" / "model.safetensors")
+    got = load_file(out / "model.safetensors")
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
 
 
 # Configs check themselves; time budgets ----------------------------------------------------------

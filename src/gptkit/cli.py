@@ -731,6 +731,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gptkit {command.name}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as e:
-        print(f"gptkit {command.name}: {e or 'interrupted'}", file=sys.stderr)
-        return 130
+        print(f"gptkit {command.name}: {str(e) or 'interrupted'}", file=sys.stderr)
+        return getattr(e, "exit_code", 130)  # 128 + the signal: 130 for Ctrl-C, 143 for SIGTERM
     return 0

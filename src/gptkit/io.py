@@ -7,14 +7,24 @@ ValueError that names the file, says what is wrong and what to do.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
+import socket
+import sys
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks
+    fcntl = None
 
 # Atomic writes ---------------------------------------------------------------------------------
 
@@ -164,3 +174,76 @@ def read_train_state(path: str | Path) -> dict[str, Any]:
     if missing:
         raise ValueError(f"{path}: missing field(s) {', '.join(missing)}; {remedy}")
     return state
+
+
+def file_sha256(path: str | Path) -> str:
+    """The sha256 of a file's bytes, read a megabyte at a time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class DirectoryBusy(OSError):
+    """Another process is writing this directory."""
+
+
+@contextlib.contextmanager
+def writer_lock(lock_file: Path, directory: Path, command: str) -> Iterator[None]:
+    """Hold ``directory`` for one writer while the block runs; a second writer stops at once with
+    :class:`DirectoryBusy` naming the holder.
+
+    An OS lock (``flock``) on ``lock_file``: the system releases it when the holder ends, however it
+    ends, so a lock left by a killed process is taken over (with a message naming it). The file
+    records the holder's pid, host, command and start time, and is emptied on a clean exit. Where
+    there is no ``fcntl`` (Windows) nothing is locked.
+    """
+    if fcntl is None:
+        yield
+        return
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DirectoryBusy(
+                f"{directory} is being written by {_describe(_read_holder(fd))}: wait for it to "
+                "finish, or write somewhere else"
+            ) from None
+        previous = _read_holder(fd)
+        if previous:
+            print(
+                f"{directory}: taking over the lock left by {_describe(previous)}, which ended "
+                "without releasing it",
+                file=sys.stderr,
+            )
+        holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": command,
+            "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(holder).encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)  # released by a live process (an error too): nobody to take over from
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _read_holder(fd: int) -> dict:
+    try:
+        text = os.pread(fd, 4096, 0).decode("utf-8", "replace")
+        return json.loads(text) if text.strip() else {}
+    except (OSError, ValueError):
+        return {"pid": "?", "host": "?", "command": "an unknown process"}
+
+
+def _describe(holder: dict) -> str:
+    return (
+        f"`gptkit {holder.get('command', '?')}` (pid {holder.get('pid', '?')} on {holder.get('host', '?')}, "
+        f"since {holder.get('since', '?')})"
+    )

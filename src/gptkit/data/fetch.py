@@ -14,7 +14,6 @@ instead of downloading. Files are written atomically and existing ones are kept.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import tarfile
 import urllib.parse
@@ -28,7 +27,7 @@ from typing import IO
 
 from tqdm import tqdm
 
-from gptkit.io import atomic_write
+from gptkit.io import atomic_write, file_sha256
 
 RAW = "https://raw.githubusercontent.com/{repo}/{commit}/{path}"
 
@@ -135,14 +134,6 @@ SOURCES: dict[str, Source | Archive] = {
 DEMO = ("gutenberg", "tinyshakespeare", "sst2", "story_cloze")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _download(url: str, destination: Path, progress: bool = False) -> None:
     def write(tmp: str) -> None:
         request = urllib.request.Request(url, headers={"User-Agent": "gptkit"})
@@ -164,7 +155,7 @@ def _download(url: str, destination: Path, progress: bool = False) -> None:
 
 def _verify(path: Path, expected: str | None) -> None:
     """A file whose sha256 is not the published one is removed: it is never read."""
-    if expected and _sha256(path) != expected:
+    if expected and file_sha256(path) != expected:
         path.unlink()
         raise ValueError(f"{path}: checksum mismatch (expected sha256 {expected}); file removed")
 

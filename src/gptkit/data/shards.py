@@ -20,6 +20,7 @@ import multiprocessing
 import os
 import shutil
 import sys
+import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -31,8 +32,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from gptkit.data.readers import DataError
 from gptkit.data.sampler import EpochSampler
-from gptkit.io import read_json_object, write_json
+from gptkit.io import read_json_object, write_json, writer_lock
 from gptkit.tokenizer import END_OF_TEXT, Tokenizer
 
 META_NAME = "meta.json"
@@ -266,24 +268,129 @@ def prepare(
     this process may use for GPT-1's slow spaCy-based tokenizer, 1 for the byte-level one, which is
     faster than handing text to another process: benchmarks/prepare_throughput.py). The shards are
     byte for byte the same for any number of workers.
+
+    Everything is written into a hidden folder beside ``out_dir`` and renamed into place only when
+    complete: a failed run leaves an existing ``out_dir`` exactly as it was.
     """
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
-    files = [Path(f) for f in files]
+    files = corpus_files(files, jsonl_field)
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise FileNotFoundError(f"corpus file(s) not found: {', '.join(missing)}")
     if not files:
         raise ValueError("no corpus files given")
+    for path in files:
+        check_text_file(path)
     tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
     if workers is None:
         workers = default_workers() if tokenizer.style == "gpt1" else 1
+    final_dir = Path(out_dir)
+    final_dir.parent.mkdir(parents=True, exist_ok=True)
+    out_dir = final_dir.parent / f".{final_dir.name}.preparing-{os.getpid()}"
+    # One prepare at a time into a folder (the lock file sits beside it: the folder is replaced).
+    with writer_lock(final_dir.parent / f".{final_dir.name}.lock", final_dir, "prepare"):
+        shutil.rmtree(out_dir, ignore_errors=True)
+        out_dir.mkdir()
+        try:
+            meta = _prepare_into(
+                out_dir, tokenizer, tokenizer_dir, files, val_fraction, jsonl_field, show_progress, workers
+            )
+        except BaseException:
+            shutil.rmtree(out_dir, ignore_errors=True)
+            raise
+        _swap_into_place(out_dir, final_dir)
+    return meta
+
+
+TEXT_SUFFIXES = (".txt", ".text", ".md")
+SNIFF_BYTES = 1 << 16  # the start of a file that is checked for being text
+MAX_UNDECODABLE = 0.01  # a larger share of bytes that are not UTF-8: not a text file
+
+
+def corpus_files(paths: Sequence[str | Path], jsonl_field: str | None = None) -> list[Path]:
+    """The files to read: each path itself, or a directory's text files (``.txt``, ``.text``, ``.md``;
+    ``.jsonl`` with ``jsonl_field``), recursively, in name order."""
+    suffixes = (".jsonl",) if jsonl_field else TEXT_SUFFIXES
+    files = []
+    for path in map(Path, paths):
+        if not path.is_dir():
+            files.append(path)
+            continue
+        found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in suffixes)
+        if not found:
+            raise FileNotFoundError(f"{path} is a directory with no {'/'.join(suffixes)} files in it")
+        files.extend(found)
+    return files
+
+
+def check_text_file(path: Path) -> None:
+    """Refuse a file that is not text (NUL bytes, or more than 1% of bytes that are not UTF-8, in its
+    first 64 KiB); warn about an empty file and about bytes that will be replaced."""
+    with open(path, "rb") as f:
+        sample = f.read(SNIFF_BYTES)
+    if not sample:
+        warnings.warn(f"{path}: empty file, nothing to tokenize", stacklevel=3)
+        return
+    if b"\0" in sample:
+        raise DataError(f"{path}: not a text file (it holds NUL bytes): give UTF-8 text or JSON lines")
+    decoded = sample.decode("utf-8", errors="replace")
+    bad = decoded.count("\ufffd") - sample.decode("utf-8", errors="ignore").count("\ufffd")
+    if len(sample) == SNIFF_BYTES:  # a character cut at the sample's end is not an error
+        bad = max(bad - 1, 0)
+    if bad > MAX_UNDECODABLE * len(sample):
+        raise DataError(
+            f"{path}: not UTF-8 text ({bad} of its first {len(sample):,} bytes are not UTF-8); convert it "
+            "first (e.g. iconv -f latin1 -t utf-8)"
+        )
+    if bad:
+        warnings.warn(f"{path}: {bad} byte(s) that are not UTF-8 will be read as U+FFFD", stacklevel=3)
+
+
+def _swap_into_place(ready: Path, final: Path) -> None:
+    """Replace ``final`` by the complete folder ``ready``: two renames; the old one is removed after."""
+    old = final.parent / f".{final.name}.replaced-{os.getpid()}"
+    if final.exists():
+        final.rename(old)
+    ready.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def tokenizer_fingerprint(directory: str | Path) -> str:
+    """sha256 of a tokenizer folder's files (names and bytes): shards and their tokenizer must agree."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in Path(directory).iterdir() if p.is_file()):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def check_shard_tokenizer(data_dir: str | Path, meta: dict) -> None:
+    """Refuse shards whose ``tokenizer/`` folder is not the one they were made with (shards written
+    before the fingerprint existed are taken as they are)."""
+    expected = meta.get("tokenizer_sha256")
+    folder = Path(data_dir) / meta.get("tokenizer", "tokenizer")
+    if expected and tokenizer_fingerprint(folder) != expected:
+        raise ValueError(
+            f"{folder}: not the tokenizer these shards were made with (meta.json's tokenizer_sha256 "
+            f"differs): training would read every token as another; re-run `gptkit prepare`"
+        )
+
+
+def _prepare_into(
+    out_dir: Path,
+    tokenizer: Tokenizer,
+    tokenizer_dir: str | Path,
+    files: list[Path],
+    val_fraction: float,
+    jsonl_field: str | None,
+    show_progress: bool,
+    workers: int,
+) -> dict:
+    """:func:`prepare`'s work, into the (temporary) ``out_dir``."""
     encoder = _encoder_for(tokenizer)
     dtype = encoder[2]
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(out_dir / "tokenizer")
 
     total_bytes = sum(f.stat().st_size for f in files)
@@ -320,6 +427,7 @@ def prepare(
         os.replace(tmp_paths[split], out_dir / f"{split}.bin")
     meta = {
         "tokenizer": "tokenizer",
+        "tokenizer_sha256": tokenizer_fingerprint(out_dir / "tokenizer"),
         "tokenizer_style": tokenizer.style,
         "vocab_size": tokenizer.vocab_size,
         "n_special": tokenizer.n_special,

@@ -8,8 +8,10 @@ in ``latest.json``. A ``kill -9`` thus loses at most the updates since the last 
 
 from __future__ import annotations
 
+import errno
 import json
 import shutil
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gptkit.io import read_train_state, write_json
+from gptkit.io import file_sha256, read_json, read_train_state, write_json
 from gptkit.train.distributed import DistributedContext, full_state_dicts, load_full_state_dicts
 from gptkit.train.rundir import TRAIN_STATE, RunDir
 
@@ -53,10 +55,6 @@ class Checkpointer:
         rng_states = self.ctx.all_gather_object(rng_state())
         final = self.run_dir.checkpoint(step)
         if self.ctx.is_main:
-            staging = self.run_dir.staging(final)
-            shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir(parents=True)
-            self.save_model(staging, model_state)
             train_state = {
                 "step": step,
                 "optimizer": optim_state,
@@ -64,11 +62,18 @@ class Checkpointer:
                 "world_size": self.ctx.world_size,
                 **state,
             }
-            if isinstance(
-                train_state.get("plan"), dict
-            ):  # JSON text: the file holds tensors and plain values
+            if isinstance(train_state.get("plan"), dict):  # JSON text: the file holds tensors, plain values
                 train_state["plan"] = json.dumps(train_state["plan"])
-            torch.save(train_state, staging / TRAIN_STATE)
+            staging = self.run_dir.staging(final)
+            try:
+                shutil.rmtree(staging, ignore_errors=True)
+                staging.mkdir(parents=True)
+                self.save_model(staging, model_state)
+                torch.save(train_state, staging / TRAIN_STATE)
+                write_manifest(staging)  # last: a checkpoint with a manifest is complete
+            except OSError as e:
+                shutil.rmtree(staging, ignore_errors=True)  # no half-written debris
+                raise OSError(e.errno, self._write_failure(final, e)) from e
             shutil.rmtree(final, ignore_errors=True)
             staging.rename(final)
             write_json(self.run_dir.latest_pointer, {"step": step, "path": final.name})
@@ -76,16 +81,51 @@ class Checkpointer:
         self.ctx.barrier()
         return final
 
+    def _write_failure(self, final: Path, error: OSError) -> str:
+        """What failed, where, and (on a full disk) how much room a checkpoint takes."""
+        what = f"could not write checkpoint {final.name} in {final.parent}: {error.strerror or error}"
+        if error.filename:
+            what += f" ({error.filename})"
+        if error.errno == errno.ENOSPC:
+            previous = self.run_dir.completed_checkpoints()
+            if previous:
+                size = sum(f.stat().st_size for f in previous[-1].iterdir() if f.is_file())
+                what += f"; a checkpoint takes about {size / 1e6:,.0f} MB"
+            free = shutil.disk_usage(final.parent).free
+            what += f", {free / 1e6:,.0f} MB are free. The previous checkpoint is intact: free space, then --resume"
+        return what
+
     def prune(self) -> None:
         for old in self.run_dir.completed_checkpoints()[: -self.config.keep]:
             shutil.rmtree(old, ignore_errors=True)
 
     def latest(self) -> Path | None:
-        return self.run_dir.latest_checkpoint()
+        """The newest checkpoint that is whole: the one ``latest.json`` names if its files match its
+        manifest, else the newest older one that does (with a warning naming what was skipped)."""
+        named = self.run_dir.latest_checkpoint()
+        candidates = self.run_dir.completed_checkpoints()[::-1]
+        skipped = []
+        if named is not None:
+            candidates = [named] + [c for c in candidates if c != named and c.name < named.name]
+        elif self.run_dir.latest_pointer.exists():  # it names a folder without its training state
+            skipped.append(f"{read_json(self.run_dir.latest_pointer).get('path')} (no {TRAIN_STATE})")
+        for checkpoint in candidates:
+            problem = verify_manifest(checkpoint)
+            if problem is None:
+                if skipped:
+                    warnings.warn(
+                        f"skipped damaged checkpoint(s) {'; '.join(skipped)}; resuming from {checkpoint.name}",
+                        stacklevel=2,
+                    )
+                return checkpoint
+            skipped.append(f"{checkpoint.name} ({problem})")
+        if skipped:
+            raise ValueError(f"no intact checkpoint in {self.run_dir.checkpoints}: {'; '.join(skipped)}")
+        return None
 
     def holds(self, step: int) -> bool:
         """Whether the newest checkpoint is of ``step`` (nothing new to save)."""
-        return self.latest() is not None and self.run_dir.latest_step() == step
+        return self.run_dir.latest_checkpoint() is not None and self.run_dir.latest_step() == step
 
     def load(
         self,
@@ -116,3 +156,39 @@ def set_rng_state(state: dict[str, torch.Tensor]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state(state["cuda"])
+
+
+MANIFEST = "manifest.json"
+
+
+def write_manifest(directory: Path) -> None:
+    """Every file of a checkpoint with its size and sha256, written last."""
+    files = {
+        path.name: {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+        for path in sorted(directory.iterdir())
+        if path.is_file() and path.name != MANIFEST
+    }
+    write_json(directory / MANIFEST, {"files": files})
+
+
+def verify_manifest(directory: Path) -> str | None:
+    """None if the checkpoint's files match its manifest, else what is wrong. A checkpoint written
+    before manifests existed passes when its training state is there."""
+    manifest = directory / MANIFEST
+    if not (directory / TRAIN_STATE).is_file():
+        return f"no {TRAIN_STATE}"
+    if not manifest.is_file():
+        return None
+    try:
+        files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"unreadable {MANIFEST}: {e}"
+    for name, expected in files.items():
+        path = directory / name
+        if not path.is_file():
+            return f"{name} missing"
+        if path.stat().st_size != expected["bytes"]:
+            return f"{name} has {path.stat().st_size} bytes, not {expected['bytes']}"
+        if file_sha256(path) != expected["sha256"]:
+            return f"{name} does not match its checksum"
+    return None

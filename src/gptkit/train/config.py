@@ -91,6 +91,13 @@ class TrainConfig:
     )
     fsdp: bool = field(default=False, metadata={"help": "Shard with FSDP2 instead of DDP (torchrun only)."})
     progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
+    log_to: list[Literal["tensorboard"]] = field(
+        default_factory=list,
+        metadata={
+            "help": "Also log metrics.jsonl's records here: tensorboard (into RUN/tensorboard; needs "
+            "gptkit[tensorboard]). metrics.jsonl is always written."
+        },
+    )
 
     def __post_init__(self) -> None:
         def fail(name: str, problem: str) -> None:
@@ -142,6 +149,10 @@ class TrainConfig:
         if not self.eps > 0:
             fail("eps", f"must be > 0, got {self.eps}")
         check_choices(self)  # schedule, precision, on_nonfinite: from their Literal annotations
+        loggers = ("tensorboard",)
+        unknown = [name for name in self.log_to if name not in loggers]
+        if unknown:
+            fail("log_to", f"must be among {', '.join(loggers)}, got {', '.join(map(repr, unknown))}")
         if self.time_budget is not None:
             parse_duration(self.time_budget)  # raises with the expected form
 

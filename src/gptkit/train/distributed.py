@@ -40,6 +40,12 @@ class DistributedContext:
             value /= self.world_size
         return value
 
+    def all_reduce_max(self, value: torch.Tensor) -> torch.Tensor:
+        if self.is_distributed:
+            value = value.clone()
+            dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return value
+
     def barrier(self) -> None:
         if self.is_distributed:
             dist.barrier()

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 
 from gptkit.config import config_error
-from gptkit.data.readers import DATASETS, Example, parse_columns, read_dataset, read_table
+from gptkit.data.readers import DATASETS, DataError, Example, parse_columns, read_dataset, read_table
 from gptkit.data.sampler import EpochSampler
 from gptkit.data.tasks import (
     EncodedExample,
@@ -59,7 +59,7 @@ from gptkit.train.run import (
     ModelShape,
     base_vocab_size,
     build_model,
-    check_run_dir,
+    hold_run_dir,
     resume_latest,
     run_config,
 )
@@ -215,7 +215,19 @@ def load_examples(config: FinetuneConfig, split: str) -> list[Example]:
     """The train or dev split: the user's file or a named public dataset."""
     path = config.train if split == "train" else config.dev
     if path:
-        return read_table(path, config.task, parse_columns(config.columns))
+        examples = read_table(path, config.task, parse_columns(config.columns))
+        if not examples:
+            raise DataError(
+                f"{path}: no examples (the file is empty, or a header alone): nothing to {split} on"
+            )
+        unlabelled = [e for e in examples if e.label is None or not str(e.label).strip()]
+        if len(unlabelled) == len(examples):
+            label_column = parse_columns(config.columns).get("label", "label")
+            raise DataError(
+                f"{path}: no example has a label (column {label_column!r}); "
+                "name the label column with --columns label=NAME"
+            )
+        return examples
     if config.dataset:
         return read_dataset(config.dataset, split, config.data_dir)
     raise ValueError(f"no {split} data: give --{split} FILE or --dataset NAME")
@@ -280,8 +292,14 @@ def finetune(config: FinetuneConfig, train: FinetuneTrainConfig) -> dict:
     if not tokenizer_dir:
         raise config_error(config, "tokenizer", "is required when training from scratch (no --init)")
     out_dir = Path(config.out)
-    check_run_dir(out_dir, config.resume)
+    with hold_run_dir(out_dir, config.resume, "finetune"):
+        return _finetune(config, train, metric, tokenizer_dir, out_dir)
 
+
+def _finetune(
+    config: FinetuneConfig, train: FinetuneTrainConfig, metric: str, tokenizer_dir: str, out_dir: Path
+) -> dict:
+    """:func:`finetune`'s work, while the run directory is held."""
     ctx = init_distributed(config.device)
     try:
         tokenizer = Tokenizer.from_pretrained(tokenizer_dir)

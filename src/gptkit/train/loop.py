@@ -30,7 +30,7 @@ from gptkit.train.checkpointer import CheckpointConfig, Checkpointer, SaveModel,
 from gptkit.train.config import TrainConfig, parse_duration
 from gptkit.train.distributed import DistributedContext, gradient_sync, unwrap
 from gptkit.train.memory import keep_freed_memory
-from gptkit.train.metrics_log import MetricsLogger, MetricsWriter, plot_metrics, read_metrics
+from gptkit.train.metrics_log import MetricsLogger, MetricsWriter, make_writers, plot_metrics, read_metrics
 from gptkit.train.optim import build_optimizers, learning_rate
 from gptkit.train.rundir import CHECKPOINTS, LATEST, TRAIN_STATE, RunDir
 
@@ -120,6 +120,8 @@ class Trainer:
             CheckpointConfig(config.checkpoint_every, config.keep_checkpoints),
             self.ctx,
         )
+        if self.ctx.is_main:
+            metrics_writers = (*metrics_writers, *make_writers(config.log_to, self.run_dir))
         self.metrics = MetricsLogger(self.run_dir, metrics_writers, enabled=self.ctx.is_main)
         self.step = 0
         self.tokens_seen = 0
@@ -207,6 +209,8 @@ class Trainer:
         if ctx.is_main:
             print(f"precision: {self.precision.reason}; device: {ctx.device}", flush=True)
             self.out_dir.mkdir(parents=True, exist_ok=True)
+            for path in self.run_dir.sweep_debris():
+                print(f"removed {path.name}, left by an interrupted write", flush=True)
             self._write_run_config()
         budget = None
         if config.time_budget_seconds is not None and not self.plan:  # a resumed plan stands
@@ -228,36 +232,49 @@ class Trainer:
             dynamic_ncols=True,
         )
         interrupted = False
-        previous_sigterm = _raise_keyboard_interrupt_on_sigterm()
+        stop = StopSignals()
         try:
-            while self.step < self.max_steps:
-                started = self.clock()
-                loss, grad_norm, n_tokens = self._train_step()
-                now = self.clock()
-                tokens_per_s = n_tokens * ctx.world_size / max(now - started, 1e-9)
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
-                if budget is not None:
-                    self._follow_budget(budget, now, bar)
-                self._after_step(loss, grad_norm, tokens_per_s)
-        except KeyboardInterrupt:
+            with stop:
+                self._loop(budget, bar, stop)
+        except KeyboardInterrupt:  # raised inside an update (not by a signal): the update is undone
             interrupted = True
-            bar.write(f"interrupted: saving a checkpoint at step {self.step}")
         finally:
             bar.close()
-            signal.signal(signal.SIGTERM, previous_sigterm)
+        if interrupted or stop.signum is not None:
+            bar.write(f"interrupted: saving a checkpoint at step {self.step}")
         if self.step > 0 and not self.checkpointer.holds(self.step):
             self.save_checkpoint()
-        if interrupted:
-            # Saved; now let the caller stop too (the CLI exits with status 130).
-            raise KeyboardInterrupt(
-                f"interrupted at step {self.step}; checkpoint saved, continue with --resume"
-            )
+        if interrupted or stop.signum is not None:
+            # Saved; now let the caller stop too (the CLI exits 128 + the signal's number).
+            raise Interrupted(self.step, stop.signum or signal.SIGINT)
         if self.evaluate is not None and not config.eval_every:
             self._evaluate()
         self.metrics.plot()
         self.metrics.close()
         return self.last_metrics
+
+    def _loop(self, budget: TimeBudget | None, bar: tqdm, stop: StopSignals) -> None:
+        ctx = self.ctx
+        while self.step < self.max_steps and not self._stop_requested(stop):
+            started = self.clock()
+            loss, grad_norm, n_tokens = self._train_step()
+            now = self.clock()
+            tokens_per_s = n_tokens * ctx.world_size / max(now - started, 1e-9)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+            if budget is not None:
+                self._follow_budget(budget, now, bar)
+            self._after_step(loss, grad_norm, tokens_per_s)
+
+    def _stop_requested(self, stop: StopSignals) -> bool:
+        """Whether a signal asked to stop, on any process: all of them stop after the same update."""
+        if not self.ctx.is_distributed:
+            return stop.signum is not None
+        flag = torch.tensor([0.0 if stop.signum is None else float(stop.signum)], device=self.ctx.device)
+        signum = int(self.ctx.all_reduce_max(flag).item())
+        if signum and stop.signum is None:
+            stop.signum = signum
+        return bool(signum)
 
     def _follow_budget(self, budget: TimeBudget, now: float, bar: tqdm) -> None:
         """Plan (or re-plan) the run for its time budget; stop it at the deadline."""
@@ -298,6 +315,17 @@ class Trainer:
         write_json(self.run_dir.run_config, {**self.run_config, "resolved": resolved})
 
     def _train_step(self) -> tuple[float, float, int]:
+        position = self.data.state_dict()
+        try:
+            return self._update()
+        except KeyboardInterrupt:
+            # Stopped before the update was applied: the batch was drawn but not trained on, so the
+            # data position goes back, and a resume trains on it as the uninterrupted run did.
+            self._zero_grad()
+            self.data.load_state_dict(position)
+            raise
+
+    def _update(self) -> tuple[float, float, int]:
         config, ctx = self.config, self.ctx
         batch = self.data.next_batch()
         micro_batches = split_micro_batches(batch, self.micro_batch_size)
@@ -381,13 +409,36 @@ class Trainer:
         return metrics
 
 
-def _raise_keyboard_interrupt_on_sigterm():
-    """A scheduler's SIGTERM saves a checkpoint like Ctrl-C does."""
+class Interrupted(KeyboardInterrupt):
+    """Training stopped by a signal (or Ctrl-C) after a checkpoint was saved."""
 
-    def handler(signum, frame):
-        raise KeyboardInterrupt
+    def __init__(self, step: int, signum: int):
+        name = signal.Signals(signum).name
+        super().__init__(f"interrupted at step {step} ({name}); checkpoint saved, continue with --resume")
+        self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
 
-    try:
-        return signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        return signal.getsignal(signal.SIGTERM)
+
+class StopSignals:
+    """While training, SIGTERM and SIGINT (Ctrl-C) ask the loop to stop after the update in flight,
+    so that the checkpoint it saves resumes exactly; a second Ctrl-C stops at once."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self.previous: dict[int, Any] = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt("interrupted twice: stopped without finishing the update in flight")
+        self.signum = signum
+
+    def __enter__(self) -> StopSignals:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self.previous[signum] = signal.signal(signum, self._handle)
+            except ValueError:  # not the main thread: signals go to the main thread's handlers
+                pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)

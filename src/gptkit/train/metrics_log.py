@@ -8,6 +8,7 @@ TensorBoard or W&B run, say) implement :class:`MetricsWriter` and receive the sa
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Protocol
 
@@ -58,12 +59,62 @@ class MetricsLogger:
             writer.close()
 
 
+LOGGERS = ("tensorboard",)
+
+
+class TensorBoardWriter:
+    """The same records as TensorBoard scalars (``tensorboard --logdir RUN/tensorboard``): every
+    number of a record under its metrics.jsonl name, at its step."""
+
+    def __init__(self, directory: Path):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as e:
+            raise ImportError(
+                "--log-to tensorboard needs the tensorboard package: pip install 'gptkit[tensorboard]'"
+            ) from e
+        self.writer = SummaryWriter(log_dir=str(directory))
+
+    def write(self, record: dict) -> None:
+        for name, value in record.items():
+            if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self.writer.add_scalar(name, value, global_step=record["step"])
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def make_writers(names: list[str] | tuple[str, ...], run_dir: RunDir) -> tuple[MetricsWriter, ...]:
+    """The extra writers ``--log-to`` names, writing into the run directory."""
+    writers = []
+    for name in names:
+        if name == "tensorboard":
+            writers.append(TensorBoardWriter(run_dir.root / "tensorboard"))
+        else:
+            raise ValueError(f"--log-to: unknown logger {name!r}; choose from {', '.join(LOGGERS)}")
+    return tuple(writers)
+
+
 def read_metrics(path: str | Path) -> list[dict]:
+    """The records of ``metrics.jsonl``. A torn last line (the process died while appending it) is
+    dropped with a warning; a damaged line before it is an error naming the file and line."""
     path = Path(path)
     if not path.exists():
         return []
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError as e:
+            if number == len(lines):
+                warnings.warn(f"{path}, line {number}: an unfinished record ({e}); dropped", stacklevel=2)
+                break
+            raise ValueError(f"{path}, line {number}: not a JSON record ({e}); fix or delete the line") from e
+    return records
 
 
 def loss_curves(records: list[dict]) -> dict[str, list[tuple[int, float]]]:

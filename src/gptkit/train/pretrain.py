@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
@@ -12,7 +13,7 @@ import torch
 import torch.nn as nn
 
 from gptkit.config import config_error
-from gptkit.data.shards import TokenShard, WindowSampler, eval_windows
+from gptkit.data.shards import TokenShard, WindowSampler, check_shard_tokenizer, eval_windows
 from gptkit.hardware import DEVICE_HELP
 from gptkit.model.weights import CONFIG_NAME, SAFETENSORS_NAME, read_state_dict, save_state_dict
 from gptkit.tokenizer import Tokenizer
@@ -23,7 +24,7 @@ from gptkit.train.run import (
     ModelShape,
     base_vocab_size,
     build_model,
-    check_run_dir,
+    hold_run_dir,
     resume_latest,
     run_config,
 )
@@ -103,44 +104,54 @@ def pretrain(config: PretrainConfig, train: TrainConfig) -> dict[str, float]:
     ctx = init_distributed(config.device)
     try:
         out_dir = Path(config.out)
-        check_run_dir(out_dir, config.resume)
-        train_shard = TokenShard.open(config.data, "train")
-        meta = train_shard.meta
-        tokenizer = Tokenizer.from_pretrained(Path(config.data) / meta["tokenizer"])
-        torch.manual_seed(train.seed)  # the same initial weights on every rank
-        model = build_model(config, base_vocab_size(tokenizer))
-        context_length = config.context_length or model.config.context_length
-        model.to(ctx.device)
-        torch.manual_seed(train.seed + ctx.rank)  # dropout differs across ranks
+        with hold_run_dir(out_dir, config.resume, "pretrain"):
+            train_shard = TokenShard.open(config.data, "train")
+            meta = train_shard.meta
+            check_shard_tokenizer(config.data, meta)
+            tokenizer = Tokenizer.from_pretrained(Path(config.data) / meta["tokenizer"])
+            torch.manual_seed(train.seed)  # the same initial weights on every rank
+            model = build_model(config, base_vocab_size(tokenizer))
+            context_length = config.context_length or model.config.context_length
+            model.to(ctx.device)
+            torch.manual_seed(train.seed + ctx.rank)  # dropout differs across ranks
 
-        sampler = WindowSampler(
-            train_shard, context_length, train.batch_size, train.seed, ctx.rank, ctx.world_size
-        )
-        wrapped = wrap_model(model, ctx, fsdp=train.fsdp)
-        per_rank = train.batch_size // ctx.world_size
-        micro = min(train.micro_batch_size or per_rank, per_rank)
-        val_shard = TokenShard.open(config.data, "val")
-        evaluate = make_evaluator(val_shard, context_length, config.eval_windows, micro, ctx.device)
-        model_config = model.config
-        trainer = Trainer(
-            wrapped,
-            train,
-            PretrainBatches(sampler),
-            out_dir,
-            save_model=lambda directory, state: save_state_dict(model_config, state, directory),
-            ctx=ctx,
-            evaluate=evaluate,
-            run_config=run_config(
-                "pretrain", config, train, model_config, data=meta, world_size=ctx.world_size
-            ),
-        )
-        if ctx.is_main:
-            tokenizer.save_pretrained(out_dir)
-        if config.resume:
-            resume_latest(trainer, read_state_dict)
-        try:
-            return trainer.fit()
-        finally:
-            export_latest(trainer)  # also after Ctrl-C: the run directory holds the newest model
+            sampler = WindowSampler(
+                train_shard, context_length, train.batch_size, train.seed, ctx.rank, ctx.world_size
+            )
+            wrapped = wrap_model(model, ctx, fsdp=train.fsdp)
+            per_rank = train.batch_size // ctx.world_size
+            micro = min(train.micro_batch_size or per_rank, per_rank)
+            val_shard = TokenShard.open(config.data, "val")
+            evaluate = make_evaluator(val_shard, context_length, config.eval_windows, micro, ctx.device)
+            model_config = model.config
+            trainer = Trainer(
+                wrapped,
+                train,
+                PretrainBatches(sampler),
+                out_dir,
+                save_model=lambda directory, state: save_state_dict(model_config, state, directory),
+                ctx=ctx,
+                evaluate=evaluate,
+                run_config=run_config(
+                    "pretrain", config, train, model_config, data=meta, world_size=ctx.world_size
+                ),
+            )
+            if ctx.is_main:
+                tokenizer.save_pretrained(out_dir)
+            if config.resume:
+                resume_latest(trainer, read_state_dict)
+            try:
+                metrics = trainer.fit()
+            except KeyboardInterrupt:
+                export_latest(trainer)  # stopped by a signal: the run directory holds the newest model
+                raise
+            except Exception:
+                # The error that stopped the run is the one to show: exporting may fail the same
+                # way (a full disk), and must not replace it.
+                with contextlib.suppress(Exception):
+                    export_latest(trainer)
+                raise
+            export_latest(trainer)
+            return metrics
     finally:
         shutdown_distributed()

@@ -7,8 +7,10 @@ checkpoint, and record what defines the run. Those steps live here once.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -121,6 +123,15 @@ def check_run_dir(out_dir: Path, resume: bool) -> None:
         raise FileExistsError(
             f"{out_dir} already holds a run: pass --resume to continue it, or choose another --out"
         )
+
+
+@contextlib.contextmanager
+def hold_run_dir(out_dir: Path, resume: bool, command: str) -> Iterator[None]:
+    """Write ``out_dir`` as its only writer (rank 0 holds the lock under torchrun), new or resumed."""
+    is_main = int(os.environ.get("RANK", "0")) == 0
+    with RunDir(out_dir).writer_lock(command) if is_main else contextlib.nullcontext():
+        check_run_dir(out_dir, resume)
+        yield
 
 
 def resume_latest(trainer: Trainer, load_model_state: Callable[[Path], dict[str, torch.Tensor]]) -> None:

@@ -10,6 +10,7 @@
                             the model: pre-training's newest checkpoint, fine-tuning's best epoch
       task.json, head.safetensors, best.json, results.json
                             fine-tuning: the task, its head, the best epoch's dev score, the final scores
+      .lock                 held by the one process writing the run (its pid, host, command)
       checkpoints/
         latest.json         {"step", "path"}: the newest complete checkpoint
         step-NNNNNNN/       model files + train_state.pt, written under a temporary name, then renamed
@@ -17,10 +18,11 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptkit.io import read_json
+from gptkit.io import DirectoryBusy, read_json, writer_lock
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest.json"
@@ -30,6 +32,10 @@ LOSS_PLOT = "loss.png"
 RUN_CONFIG = "run_config.json"
 BEST = "best.json"
 RESULTS = "results.json"
+LOCK = ".lock"
+
+
+RunDirBusy = DirectoryBusy  # another process is writing this run directory
 
 
 @dataclass(frozen=True)
@@ -104,3 +110,16 @@ class RunDir:
     def resolved_max_steps(self) -> int:
         """The updates the run planned (after a time budget's plan), from ``run_config.json``."""
         return int(read_json(self.run_config)["resolved"]["max_steps"])
+
+    def sweep_debris(self) -> list[Path]:
+        """Remove what an interrupted write left (hidden ``.*.tmp`` files and folders); returns them."""
+        swept = [*self.root.glob(".*.tmp"), *self.checkpoints.glob(".*.tmp")]
+        for path in swept:
+            shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        return swept
+
+    def writer_lock(self, command: str):
+        """Hold the run directory for one writer (see :func:`gptkit.io.writer_lock`): a second
+        writer stops at once with :class:`RunDirBusy` naming the holder."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        return writer_lock(self.root / LOCK, self.root, command)
