@@ -616,21 +616,27 @@ def test_cors_is_on_for_the_origins_given(small_server):
     assert "access-control-allow-origin" not in other.headers
 
 
-def test_sigterm_lets_the_request_in_flight_end_then_exits_0(small_server):
+def test_sigterm_lets_the_request_in_flight_end_then_exits_0(model_dir, tmp_path):
+    # Its own server: the shared ones must outlive this test, whatever order the tests run in.
+    server = Server(model_dir, tmp_path / "sigterm.log", "--max-batch", "1", "--max-tokens-limit", "2000")
     answer: dict = {}
 
     def request() -> None:
         body = {"model": MODEL, "prompt": "last words", "max_tokens": 300}
-        answer["response"] = _post(small_server, body, headers={})
+        answer["response"] = _post(server, body, headers={})
 
-    thread = threading.Thread(target=request)
-    thread.start()
-    deadline = time.monotonic() + 5
-    while small_server.metrics()["gptkit_running_sequences"] < 1 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    small_server.process.send_signal(signal.SIGTERM)
-    assert small_server.process.wait(30) == 0
-    thread.join(30)
+    try:
+        server.wait_ready()
+        thread = threading.Thread(target=request)
+        thread.start()
+        deadline = time.monotonic() + 5
+        while server.metrics()["gptkit_running_sequences"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(30) == 0
+        thread.join(30)
+    finally:
+        server.stop()
     response = answer["response"]
     if response.status_code == 200:
         assert response.json()["choices"][0]["finish_reason"] == "length"
