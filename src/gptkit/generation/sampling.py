@@ -40,8 +40,9 @@ class SamplingParams:
     prompt_logprobs: bool = False
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str) or not isinstance(self.stop, tuple):
-            object.__setattr__(self, "stop", (self.stop,) if isinstance(self.stop, str) else tuple(self.stop))
+        if not isinstance(self.stop, tuple):  # a string, a list, or None from a caller's default
+            stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+            object.__setattr__(self, "stop", stop)
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):

@@ -94,8 +94,6 @@ def encode_prompt(model: GPT, tokenizer: Tokenizer, prompt: str, max_new_tokens:
 def _text_params(params: SamplingParams | None, max_new_tokens: int | None, settings: dict) -> SamplingParams:
     if params is None and max_new_tokens is None:
         max_new_tokens = DEFAULT_NEW_TOKENS
-    if "stop" in settings and settings["stop"] is None:
-        del settings["stop"]
     return sampling_params(params, max_new_tokens, **settings)
 
 

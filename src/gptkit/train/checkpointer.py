@@ -187,8 +187,9 @@ def verify_manifest(directory: Path) -> str | None:
         path = directory / name
         if not path.is_file():
             return f"{name} missing"
-        if path.stat().st_size != expected["bytes"]:
-            return f"{name} has {path.stat().st_size} bytes, not {expected['bytes']}"
+        size = path.stat().st_size
+        if size != expected["bytes"]:
+            return f"{name} has {size} bytes, not {expected['bytes']}"
         if file_sha256(path) != expected["sha256"]:
             return f"{name} does not match its checksum"
     return None

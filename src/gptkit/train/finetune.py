@@ -215,14 +215,15 @@ def load_examples(config: FinetuneConfig, split: str) -> list[Example]:
     """The train or dev split: the user's file or a named public dataset."""
     path = config.train if split == "train" else config.dev
     if path:
-        examples = read_table(path, config.task, parse_columns(config.columns))
+        columns = parse_columns(config.columns)
+        examples = read_table(path, config.task, columns)
         if not examples:
             raise DataError(
                 f"{path}: no examples (the file is empty, or a header alone): nothing to {split} on"
             )
         unlabelled = [e for e in examples if e.label is None or not str(e.label).strip()]
         if len(unlabelled) == len(examples):
-            label_column = parse_columns(config.columns).get("label", "label")
+            label_column = columns.get("label", "label")
             raise DataError(
                 f"{path}: no example has a label (column {label_column!r}); "
                 "name the label column with --columns label=NAME"

@@ -246,6 +246,7 @@ class Trainer:
             self.save_checkpoint()
         if interrupted or stop.signum is not None:
             # Saved; now let the caller stop too (the CLI exits 128 + the signal's number).
+            self.metrics.close()
             raise Interrupted(self.step, stop.signum or signal.SIGINT)
         if self.evaluate is not None and not config.eval_every:
             self._evaluate()

@@ -73,13 +73,12 @@ class TensorBoardWriter:
             raise ImportError(
                 "--log-to tensorboard needs the tensorboard package: pip install 'gptkit[tensorboard]'"
             ) from e
-        self.writer = SummaryWriter(log_dir=str(directory))
+        self.writer = SummaryWriter(log_dir=str(directory), flush_secs=10)
 
     def write(self, record: dict) -> None:
         for name, value in record.items():
             if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
                 self.writer.add_scalar(name, value, global_step=record["step"])
-        self.writer.flush()
 
     def close(self) -> None:
         self.writer.close()

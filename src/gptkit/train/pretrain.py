@@ -88,7 +88,7 @@ def make_evaluator(shard: TokenShard, context_length: int, max_windows: int, mic
 
 def export_latest(trainer: Trainer) -> None:
     """Copy the newest checkpoint's model files to the run directory's top level."""
-    latest = trainer.latest_checkpoint()
+    latest = trainer.run_dir.latest_checkpoint()  # just written by this run: no need to verify it
     if latest is None or not trainer.ctx.is_main:
         return
     for name in (SAFETENSORS_NAME, CONFIG_NAME):
@@ -142,12 +142,10 @@ def pretrain(config: PretrainConfig, train: TrainConfig) -> dict[str, float]:
                 resume_latest(trainer, read_state_dict)
             try:
                 metrics = trainer.fit()
-            except KeyboardInterrupt:
-                export_latest(trainer)  # stopped by a signal: the run directory holds the newest model
-                raise
-            except Exception:
-                # The error that stopped the run is the one to show: exporting may fail the same
-                # way (a full disk), and must not replace it.
+            except BaseException:
+                # Stopped (a signal, an error): the run directory still gets the newest model, but
+                # the error that stopped the run is the one to show, and exporting may fail the
+                # same way (a full disk).
                 with contextlib.suppress(Exception):
                     export_latest(trainer)
                 raise
