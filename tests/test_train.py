@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from gptkit import GPT, GPTConfig
+from gptkit.data.sampler import EpochSampler
 from gptkit.data.shards import TokenShard, WindowSampler, prepare
 from gptkit.model.weights import read_state_dict, save_state_dict
 from gptkit.tokenizer import Tokenizer
@@ -155,6 +156,34 @@ def test_windows_are_drawn_without_replacement_and_shared_across_ranks(shards):
     whole = WindowSampler(shard, 32, 8, seed=5).next_batch()
     halves = [WindowSampler(shard, 32, 8, seed=5, rank=r, world_size=2).next_batch() for r in (0, 1)]
     assert torch.equal(torch.cat(halves), whole)
+
+
+def test_examples_grouped_by_length_still_make_a_seeded_epoch_and_resume_exactly():
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.randint(3, 90, (1000,), generator=generator).tolist()
+    grouped = EpochSampler(1000, 16, seed=3, lengths=lengths)
+    batches = [grouped.next_indices() for _ in range(grouped.steps_per_epoch)]
+    seen = [i for batch in batches for i in batch]
+    assert len(set(seen)) == len(seen) == 62 * 16  # each example at most once, remainder dropped
+
+    def padded(batches):  # tokens once every batch is padded to its longest example
+        return sum(len(b) * max(lengths[i] for i in b) for b in batches)
+
+    random = EpochSampler(1000, 16, seed=3)
+    random_batches = [random.next_indices() for _ in range(random.steps_per_epoch)]
+    assert padded(batches) < 0.65 * padded(random_batches)  # uniform lengths: ~1.9x real tokens at random
+    # Sorted within windows, but the batches' order is random: not in length order.
+    longest = [max(lengths[i] for i in b) for b in batches]
+    assert longest != sorted(longest)
+    assert grouped.next_indices() != batches[0]  # a new epoch, a new order
+    # The state is still two integers: a resumed sampler draws what an uninterrupted one draws.
+    resumed = EpochSampler(1000, 16, seed=3, lengths=lengths)
+    resumed.load_state_dict({"epoch": 0, "position": 16 * 10})
+    assert resumed.next_indices() == batches[10]
+    halves = [EpochSampler(1000, 16, 3, r, 2, lengths=lengths).next_indices() for r in (0, 1)]
+    assert halves[0] + halves[1] == batches[0]
+    with pytest.raises(ValueError, match="999 lengths for 1000 items"):
+        EpochSampler(1000, 16, seed=3, lengths=lengths[:-1])
 
 
 def test_schedule_and_weight_decay_groups():

@@ -5,11 +5,23 @@ of their order. Every optimizer step takes the next ``batch_size`` items of the 
 (the remainder of an epoch is dropped) and rank r of W takes its contiguous share, so the global
 batch is the same for any number of processes. The state is two integers, so a resumed run draws
 exactly the batches an uninterrupted one would have.
+
+Given the items' lengths, an epoch groups items of similar length into the same batch (as
+``transformers``' ``group_by_length``): the permutation is cut into windows of
+``GROUP_WINDOW`` batches, each window is sorted by length and cut into batches, and the batches are
+shuffled. Every item is still used once per epoch in a seeded order, but a batch padded to its
+longest item carries far less padding (SST-2: 2.07x the real tokens in random batches, 1.03x grouped).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+
+GROUP_WINDOW = (
+    64  # batches per sorting window: long enough to find equal lengths, short enough to stay random
+)
 
 
 class EpochSampler:
@@ -21,6 +33,7 @@ class EpochSampler:
         seed: the order's seed; epoch e uses ``seed * 100_003 + e``.
         rank, world_size: this process's share of each batch.
         items: what the items are called, for the error when there are too few.
+        lengths: each item's length, to batch items of similar length together (None: random batches).
     """
 
     def __init__(
@@ -31,13 +44,17 @@ class EpochSampler:
         rank: int = 0,
         world_size: int = 1,
         items: str = "items",
+        lengths: Sequence[int] | None = None,
     ):
+        if lengths is not None and len(lengths) != n_items:
+            raise ValueError(f"{len(lengths)} lengths for {n_items} {items}")
         if n_items < batch_size:
             raise ValueError(f"{n_items} {items} are fewer than one batch of {batch_size}")
         if batch_size % world_size:
             raise ValueError(f"batch size {batch_size} is not divisible by the {world_size} processes")
         self.n_items, self.batch_size, self.seed = n_items, batch_size, seed
         self.rank, self.world_size = rank, world_size
+        self.lengths = None if lengths is None else torch.as_tensor(lengths)
         self.epoch, self.position = 0, 0
         self._order = self._permutation(0)
 
@@ -47,7 +64,18 @@ class EpochSampler:
 
     def _permutation(self, epoch: int) -> list[int]:
         generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
-        return torch.randperm(self.n_items, generator=generator).tolist()
+        order = torch.randperm(self.n_items, generator=generator)
+        if self.lengths is None:
+            return order.tolist()
+        window = self.batch_size * GROUP_WINDOW
+        grouped = torch.cat(
+            [chunk[torch.argsort(self.lengths[chunk], stable=True)] for chunk in order.split(window)]
+        )
+        # Shuffle whole batches; the remainder that next_indices drops stays at the end.
+        full = self.steps_per_epoch * self.batch_size
+        batches = grouped[:full].view(-1, self.batch_size)
+        batches = batches[torch.randperm(len(batches), generator=generator)]
+        return torch.cat([batches.flatten(), grouped[full:]]).tolist()
 
     def next_indices(self) -> list[int]:
         """This rank's share of the next global batch: ``batch_size / world_size`` indices."""

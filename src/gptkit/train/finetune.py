@@ -159,6 +159,13 @@ class FinetuneTrainConfig(TrainConfig):
     eval_every: int | None = field(
         default=None, metadata={"help": "Evaluate on the dev set every N updates (default: every epoch)."}
     )
+    group_by_length: bool = field(
+        default=True,
+        metadata={
+            "help": "Batch examples of similar length together (batches still in random order): "
+            "far less padding, so faster updates (--no-group-by-length: random batches)."
+        },
+    )
     checkpoint_every: int | None = field(
         default=None, metadata={"help": "Checkpoint every N updates (default: every epoch)."}
     )
@@ -330,6 +337,7 @@ def _finetune(
             ctx.rank,
             ctx.world_size,
             items="training examples",
+            lengths=[max(map(len, e.sequences)) for e in encoded_train] if train.group_by_length else None,
         )
         # Step counts left unset follow the epochs.
         max_steps = train.max_steps or config.epochs * sampler.steps_per_epoch
