@@ -24,7 +24,7 @@ ort = pytest.importorskip("onnxruntime", reason="the export extra: pip install '
 gguf = pytest.importorskip("gguf", reason="the export extra: pip install 'gptkit[export]'")
 
 from gptkit.export.gguf import GPT1_REFUSAL, export_gguf  # noqa: E402
-from gptkit.export.onnx import export_onnx, past_names, present_names  # noqa: E402
+from gptkit.export.onnx import past_names, present_names  # noqa: E402
 
 SMALL = dict(n_layer=2, n_head=2, d_model=32, context_length=64, dropout=0.0)
 
@@ -44,13 +44,17 @@ ONNX_VARIANTS = {"gpt1": ("past",), "gpt2": ("sequence", "past")}
 
 @pytest.fixture(scope="module", params=sorted(ONNX_VARIANTS))
 def onnx_sessions(request, tmp_path_factory):
-    """A GPT-1 (post-LN) or GPT-2 (pre-LN) model and ONNX Runtime sessions of its exports."""
+    """A GPT-1 (post-LN) or GPT-2 (pre-LN) model and ONNX Runtime sessions of its exports, written
+    by `gptkit export` from the model's directory."""
     torch.manual_seed(0)
     model = small_model(request.param)
+    model_dir = tmp_path_factory.mktemp(f"{request.param}-model")
+    model.save_pretrained(model_dir)
     directory = tmp_path_factory.mktemp(f"onnx-{request.param}")
     sessions = {}
     for variant in ONNX_VARIANTS[request.param]:
-        path = export_onnx(model, directory / f"{variant}.onnx", past=variant == "past")
+        path = directory / f"{variant}.onnx"
+        assert main(["export", str(model_dir), str(path), *(["--past"] if variant == "past" else [])]) == 0
         sessions[variant] = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     # Written whole, and nothing else: no staging directory or weights file left beside.
     assert sorted(p.name for p in directory.iterdir()) == sorted(f"{v}.onnx" for v in sessions)
