@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from gptkit.export import require_extra
 from gptkit.io import atomic_write
 from gptkit.model import GPT, sinusoidal_positions
 from gptkit.tokenizer import END_OF_TEXT, Tokenizer
+
+if TYPE_CHECKING:
+    from gguf import GGMLQuantizationType
 
 ARCHITECTURE = "gpt2"
 GGUFDtype = Literal["f32", "f16", "q8_0"]
@@ -54,9 +57,9 @@ _BLOCK_TENSORS = {
 }
 
 GPT1_REFUSAL = (
-    "GGUF export is for the GPT-2 family: llama.cpp has no architecture for GPT-1 (its post-LN blocks "
-    "put LayerNorm after each residual add and have no final LayerNorm, and its BPE marks word ends "
-    "with </w>), so its 'gpt2' graph would compute another model; export GPT-1 with --format onnx"
+    "GGUF export is for the GPT-2 family: llama.cpp has no architecture for GPT-1's post-LN blocks "
+    "(LayerNorm after each residual add, no final LayerNorm), so its 'gpt2' graph would compute another "
+    "model, nor a tokenizer for GPT-1's BPE with </w> word ends; export GPT-1 with --format onnx"
 )
 
 
@@ -96,7 +99,7 @@ def tensors(model: GPT) -> Iterator[tuple[str, np.ndarray]]:
     yield f"{names[kinds.OUTPUT]}.weight", state["wte.weight"]  # tied: the same values
 
 
-def tensor_type(name: str, array: np.ndarray, dtype: GGUFDtype):
+def tensor_type(name: str, array: np.ndarray, dtype: GGUFDtype) -> GGMLQuantizationType:
     """The GGML type a tensor is stored in for ``dtype`` (see the module's docstring)."""
     gguf = require_extra("gguf", "GGUF export")
     types = gguf.GGMLQuantizationType

@@ -112,11 +112,11 @@ def export_onnx(model: GPT, path: str | Path, *, past: bool = False) -> Path:
     dtype = next(model.parameters()).dtype
     if dtype != torch.float32:
         raise ValueError(f"ONNX export takes a float32 model, got {dtype}: load it with dtype=torch.float32")
-    config = model.config
+    config, device = model.config, next(model.parameters()).device
     wrapper = OnnxGPT(model, past)
     # Example inputs of 2 rows, 3 new and 4 past positions: torch.export fixes a dimension whose
     # example is 0 or 1, so none is.
-    input_ids = torch.zeros(2, 3, dtype=torch.long)
+    input_ids = torch.zeros(2, 3, dtype=torch.long, device=device)
     batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence")
     dynamic_shapes: dict = {"input_ids": {0: batch, 1: sequence}}
     args: tuple = (input_ids,)
@@ -124,7 +124,7 @@ def export_onnx(model: GPT, path: str | Path, *, past: bool = False) -> Path:
     if past:
         past_sequence = torch.export.Dim("past_sequence")
         shape = (2, config.n_head, 4, config.head_size)
-        args += ([torch.zeros(shape) for _ in range(2 * config.n_layer)],)
+        args += ([torch.zeros(shape, device=device) for _ in range(2 * config.n_layer)],)
         dynamic_shapes["past"] = [{0: batch, 2: past_sequence} for _ in range(2 * config.n_layer)]
         input_names += past_names(config.n_layer)
         output_names += present_names(config.n_layer)
@@ -166,7 +166,7 @@ def _quiet_exporter() -> Iterator[None]:
         registration.setLevel(level)
 
 
-def _save(program, path: Path) -> Path:
+def _save(program: torch.onnx.ONNXProgram, path: Path) -> Path:
     """Save into a fresh directory beside ``path``, then move the file(s) into place: the weights
     file first (when there is one), the model last, so a reader never finds half an export."""
     path.parent.mkdir(parents=True, exist_ok=True)
