@@ -3,6 +3,8 @@
 (a) GPT-2-small shape: gptkit (KV cache; fp32 in nn.Linear's layout and in the decoding layout that
     `gptkit generate` uses on a CPU, bf16 weights plain and in that layout, int8 weights) against
     GPT2LMHeadModel with its cache.
+    Beside it, gptkit against ONNX Runtime running the same weights exported by `gptkit export --past`
+    (the past-key/value graph), decoded greedily step by step.
 (b) GPT-1 shape: gptkit against OpenAIGPTLMHeadModel (which recomputes the sequence every step).
 Random weights (speed does not depend on them); the token ids are checked equal in fp32.
 bf16 weights are kept on CPUs without native bf16: decoding multiplies vectors by matrices, not the
@@ -14,7 +16,9 @@ runs the models on a GPU; the CPU-only formats (the decoding layout, int8) are t
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
+import numpy as np
 import torch
 from common import (
     DEVICE,
@@ -66,6 +70,52 @@ def compare(what: str, peer: str, ours_fn, peer_fn, same_ids: bool) -> tuple[dic
     elif same_ids:  # GPU kernels may order sums differently and flip a near-tie: reported, not fatal
         row["same_ids"] = bool(torch.equal(ours_out, peer_out))
     return row, peer_tps
+
+
+def onnxruntime_greedy(session, config, prompt: torch.Tensor) -> torch.Tensor:
+    """NEW greedy tokens from the past-key/value ONNX graph: the prompt with empty pasts, then one
+    token a step with the presents of the step before; returns (B, T + NEW) as generate does."""
+    from gptkit.export.onnx import past_names
+
+    names = past_names(config.n_layer)
+    ids = prompt.cpu().numpy()
+    empty = np.zeros((ids.shape[0], config.n_head, 0, config.head_size), np.float32)
+    feeds = {"input_ids": ids, **dict.fromkeys(names, empty)}
+    steps = []
+    for _ in range(NEW):
+        logits, *present = session.run(None, feeds)
+        next_ids = logits[:, -1].argmax(-1)[:, None]
+        steps.append(next_ids)
+        feeds = {"input_ids": next_ids, **dict(zip(names, present))}
+    return torch.from_numpy(np.concatenate([ids, *steps], axis=1))
+
+
+def onnxruntime_row(model: GPT, prompt: torch.Tensor, directory: str) -> dict:
+    """gptkit's fp32 greedy decoding against ONNX Runtime's on the same weights (ids checked equal)."""
+    what = "greedy new tok/s, GPT-2 small, fp32, gptkit vs ONNX Runtime (gptkit export --past)"
+    try:
+        import onnxruntime
+    except ImportError:
+        return skipped(what, "tok/s", "onnxruntime", "needs the export extra: pip install 'gptkit[export]'")
+    peer = f"onnxruntime {onnxruntime.__version__} (CPUExecutionProvider), past-key/value graph"
+    if DEVICE != "cpu":
+        return skipped(what, "tok/s", peer, "the installed onnxruntime runs on the CPU only")
+    from gptkit.export.onnx import export_onnx
+
+    path = export_onnx(model, Path(directory) / "decoder.onnx", past=True)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()  # the threads torch decodes with
+    # By default ONNX Runtime's pool threads spin on after each run, which took the cores from the
+    # gptkit runs alternating with them (a tiny model: 2 against 195 tok/s for gptkit): off.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return compare(
+        what,
+        peer,
+        lambda: generate(model, prompt, NEW),
+        lambda: onnxruntime_greedy(session, model.config, prompt),
+        True,
+    )[0]
 
 
 def memory_bandwidth() -> float:
@@ -198,6 +248,7 @@ def main() -> None:
             peer_bytes,
             bandwidth,
         )
+        comparisons.append(onnxruntime_row(ours, prompt, tmp))
         del reference, ours, ours_bf16
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -581,6 +581,13 @@ def cmd_data_fetch(args: DataFetchArgs) -> None:
     print(f"{len(written)} file(s) written to {args.out}")
 
 
+def cmd_export(config) -> None:
+    from gptkit.export import export_model
+
+    path = export_model(config)
+    print(f"wrote {path} ({config.resolved_format()}, {config.dtype}, {path.stat().st_size:,} bytes)")
+
+
 def cmd_suite(config, train) -> None:
     from gptkit.paper.suite import run_suite
 
@@ -633,6 +640,7 @@ class Command:
 
 def _commands() -> list[Command]:
     # Imported here rather than at the top: the training modules are the heaviest of the package.
+    from gptkit.export import ExportConfig
     from gptkit.paper.figures import TransferConfig, ZeroshotCurveConfig
     from gptkit.paper.suite import SuiteConfig
     from gptkit.train.config import TrainConfig
@@ -641,6 +649,7 @@ def _commands() -> list[Command]:
 
     return [
         Command("convert", (ConvertArgs,), cmd_convert),
+        Command("export", (ExportConfig,), cmd_export),
         Command("tokenizer train", (TokenizerTrainArgs,), cmd_tokenizer_train),
         Command("tokenize", (TokenizeArgs,), cmd_tokenize),
         Command("prepare", (PrepareArgs,), cmd_prepare),
