@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from gptkit.data.formats import DataError  # callers import DataError from here too
+
 Task = Literal["classification", "entailment", "similarity", "multiple_choice"]
 TASKS: tuple[str, ...] = ("classification", "entailment", "similarity", "multiple_choice")
 TEXT_FIELDS: dict[str, tuple[str, ...]] = {
@@ -33,10 +35,6 @@ TEXT_FIELDS: dict[str, tuple[str, ...]] = {
 }
 # Fields a task can do without; an example carries one only when its file gives it.
 OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {"multiple_choice": ("question",)}
-
-
-class DataError(ValueError):
-    """A row that cannot be used; the message names the file, line and field."""
 
 
 @dataclass
