@@ -218,7 +218,7 @@ class LabelledDataArgs:
     """Print a fine-tuned model's metrics on labelled data (your file or a public dataset) as JSON."""
 
     model: str = _arg("Directory written by `gptkit finetune`.")
-    data: str | None = _arg("CSV/TSV (with a header) or JSONL file.", None)
+    data: str | None = _arg("CSV/TSV (with a header), JSONL or parquet file.", None)
     columns: str | None = _arg("field=column,... as for finetune (default: the field names).", None)
     dataset: str | None = _arg("Or a public dataset by name (sst2, cola, rte, ...).", None)
     split: str = _arg("Split of --dataset: train, dev or test.", "dev")
