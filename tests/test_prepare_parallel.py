@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gptkit.data import shards
-from gptkit.data.corpus import corpus_files, pieces
+from gptkit.data.corpus import corpus_files, read_pieces
 from gptkit.data.shards import TokenShard, combine, prepare
 
 
@@ -43,7 +43,7 @@ def test_this_process_and_its_helpers_share_the_batches(data_dir, tmp_path, monk
     monkeypatch.setattr(
         shards, "_encode", lambda encoder, text, ends: here.append(text) or original(encoder, text, ends)
     )
-    n_pieces = sum(1 for _ in pieces(corpus_files(books), "text", 0.05))
+    n_pieces = sum(1 for _ in read_pieces(corpus_files(books), "text", 0.05))
     for workers in (2, 3):
         here.clear()
         assert_same_shards(

@@ -222,7 +222,7 @@ def _table_documents(file: CorpusFile, text_field: str) -> Iterator[tuple[str | 
                 yield text, read if offset == len(texts) - 1 else 0
 
 
-def pieces(files: Sequence[CorpusFile], text_field: str, val_fraction: float) -> Iterator[Piece]:
+def read_pieces(files: Sequence[CorpusFile], text_field: str, val_fraction: float) -> Iterator[Piece]:
     """The pieces of the whole corpus, in order: a plain-text file's blocks then its document end;
     a row file's documents, each ending itself (an empty one adds nothing, not even a separator)."""
     every = max(round(1 / val_fraction), 1) if val_fraction else 0

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from gptkit.data.corpus import BLOCK_BYTES, CorpusFile, Piece, check_corpus_file, corpus_files, pieces
+from gptkit.data.corpus import BLOCK_BYTES, CorpusFile, Piece, check_corpus_file, corpus_files, read_pieces
 from gptkit.data.sampler import EpochSampler
 from gptkit.io import read_json_object, write_json, writer_lock
 from gptkit.tokenizer import END_OF_TEXT, Tokenizer
@@ -308,7 +308,7 @@ def _prepare_into(
     workers = min(workers, -(-total_bytes // BLOCK_BYTES))  # no more workers than blocks of text
     # UTF-8 bytes of the text each split holds (line ends made plain): the denominator of bits per byte.
     text_bytes = {"train": 0, "val": 0}
-    corpus = _counted(pieces(files, text_field, val_fraction), text_bytes)
+    corpus = _counted(read_pieces(files, text_field, val_fraction), text_bytes)
     if workers > 1:
         encoded = _encoded_in_pool(corpus, encoder, str(Path(tokenizer_dir).resolve()), workers)
     else:
