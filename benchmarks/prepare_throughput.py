@@ -5,8 +5,12 @@ Throughput: MB of text per second, the two settings alternating in this process 
 GPT-1's tokenizer (spaCy, slow) is where workers matter; GPT-2's is measured too.
 
 Memory: peak resident memory of a `prepare` run (a fresh process, its workers and its fork
-server, summed, sampled every 20 ms) on the books and on the books repeated 8 times: streaming
-keeps it from growing with the corpus.
+server, summed, sampled every 20 ms) on the books and on the books repeated 8 times, and on the
+books' paragraphs as a parquet file (one document per row, 8.7 MB of text) and a file 10 times
+larger: streaming keeps it from growing with the corpus.
+
+`--only throughput|memory|parquet` runs one part (parquet: the two parquet runs, a minute or two
+on 2 busy cores).
 """
 
 from __future__ import annotations
@@ -99,16 +103,73 @@ def peak_rss_mb(tokenizer: Path, corpus: Path, out: Path, workers: int) -> float
     return peak / 1e6
 
 
+PARQUET_BASE_COPIES = 3  # the smaller file: the books' paragraphs 3 times (8.7 MB of text)
+# The larger: 10 times that (87 MB; its text alone, held at once, would add ~25% to the peak).
+PARQUET_COPIES = 10
+PARQUET_ROW_GROUP_ROWS = 2000  # about 0.3 MB of text a row group
+
+
+def write_parquet_corpus(path: Path, paragraphs: list[str], copies: int) -> int:
+    """The paragraphs ``copies`` times over as one parquet file, a copy at a time (this process
+    never holds more than one): its size in bytes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"id": list(range(len(paragraphs))), "text": paragraphs})
+    with pq.ParquetWriter(path, table.schema) as writer:
+        for _ in range(copies):
+            writer.write_table(table, row_group_size=PARQUET_ROW_GROUP_ROWS)
+    return path.stat().st_size
+
+
+def parquet_memory(work: Path) -> dict:
+    """Peak RSS of `prepare` (GPT-2 tokenizer, 1 worker) on a parquet file 10× larger than another."""
+    what = (
+        f"peak RSS, prepare on parquet (GPT-2, 1 worker, row groups of {PARQUET_ROW_GROUP_ROWS} rows), "
+        f"the books' paragraphs x{PARQUET_BASE_COPIES * PARQUET_COPIES} vs x{PARQUET_BASE_COPIES}"
+    )
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return skipped(
+            what, "MB", "the same, the smaller file", "needs pyarrow: pip install 'gptkit[corpora]'"
+        )
+    text = "".join(f.read_text(encoding="utf-8") for f in BOOKS).replace("\r\n", "\n")
+    paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
+    small_bytes = write_parquet_corpus(work / "small.parquet", paragraphs, PARQUET_BASE_COPIES)
+    large_bytes = write_parquet_corpus(
+        work / "large.parquet", paragraphs, PARQUET_BASE_COPIES * PARQUET_COPIES
+    )
+    tokenizer = DATA / "gpt2_bpe"
+    small = peak_rss_mb(tokenizer, work / "small.parquet", work / "rss-small", workers=1)
+    large = peak_rss_mb(tokenizer, work / "large.parquet", work / "rss-large", workers=1)
+    text_mb = PARQUET_BASE_COPIES * len(text.encode()) / 1e6
+    return comparison(
+        f"{what} ({PARQUET_COPIES * text_mb:.1f} MB of text, {large_bytes / 1e6:.1f} MB file, vs "
+        f"{text_mb:.1f} MB, {small_bytes / 1e6:.1f} MB)",
+        "MB",
+        large,
+        "the same, the smaller file",
+        small,
+        higher_is_better=False,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--only", choices=("throughput", "memory", "parquet"), help="Run one part (default: all)."
+    )
     args = parser.parse_args()
     comparisons = []
     settings = {"2 workers": 2, "1 worker": 1}
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    parts = {args.only} if args.only else {"throughput", "memory", "parquet"}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        for name, tokenizer in (("GPT-1", DATA / "gpt1_bpe"), ("GPT-2", DATA / "gpt2_bpe")):
+        tokenizers = (("GPT-1", DATA / "gpt1_bpe"), ("GPT-2", DATA / "gpt2_bpe"))
+        for name, tokenizer in tokenizers if "throughput" in parts else ():
             what = f"prepare MB/s, {name} tokenizer, Gutenberg books ({len(BOOKS)} files), 2 workers vs 1"
             try:
                 speed = throughput(tokenizer, settings, args.repeats, work)
@@ -118,7 +179,11 @@ def main() -> None:
             comparisons.append(
                 comparison(what, "MB/s", speed["2 workers"], "prepare, 1 worker", speed["1 worker"])
             )
-        if sys.platform.startswith("linux"):
+        if not sys.platform.startswith("linux"):
+            comparisons.append(skipped("peak RSS", "MB", "-", "reads /proc: Linux only"))
+        if "parquet" in parts and sys.platform.startswith("linux"):
+            comparisons.append(parquet_memory(work))
+        if "memory" in parts and sys.platform.startswith("linux"):
             repeated = work / "books_x8.txt"
             text = b"".join(f.read_bytes() for f in BOOKS)
             repeated.write_bytes(text * 8)
@@ -138,8 +203,6 @@ def main() -> None:
                     higher_is_better=False,
                 )
             )
-        else:
-            comparisons.append(skipped("peak RSS", "MB", "-", "reads /proc: Linux only"))
     emit("prepare_throughput", comparisons, usable_cores=cores)
 
 

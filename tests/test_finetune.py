@@ -209,6 +209,31 @@ def test_user_files_and_bad_rows(tmp_path):
         encode_examples(unknown, TaskSpec("classification", labels=["no", "yes"], specials=SPECIALS), encode)
 
 
+def test_parquet_and_json_lines_take_the_same_columns(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    rows = [
+        {"story": "the cat", "a": "sat", "b": "ran", "right": 1, "q": "on a mat"},
+        {"story": "a dog", "a": "ran far", "b": "sat", "right": 0, "q": "the mat"},
+        {"story": "the dog", "a": "ran", "b": "sat", "right": None, "q": "far away"},  # unlabelled
+    ]
+    jsonl = tmp_path / "mc.jsonl"
+    jsonl.write_text("".join(json.dumps({k: v for k, v in r.items() if v is not None}) + "\n" for r in rows))
+    parquet = tmp_path / "mc.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), parquet, row_group_size=2)
+    columns = {"context": "story", "question": "q", "choices": ["a", "b"], "label": "right"}
+    from_jsonl = read_table(jsonl, "multiple_choice", columns)
+    from_parquet = read_table(parquet, "multiple_choice", columns)
+    assert [(e.fields, e.label) for e in from_parquet] == [(e.fields, e.label) for e in from_jsonl]
+    assert [e.label for e in from_parquet] == [1, 0, None]
+    assert from_parquet[2].source == f"{parquet}, row 2"  # rows count from 0, as pyarrow's do
+    pq.write_table(pa.table({"story": ["the cat", None], "a": ["sat"] * 2, "b": ["ran"] * 2}), parquet)
+    with pytest.raises(DataError, match=r"mc.parquet, row 1: column 'story' is null for field 'context'"):
+        read_table(parquet, "multiple_choice", {"context": "story", "choices": ["a", "b"]})
+    with pytest.raises(DataError, match=r"mc.parquet, row 0: missing column 'premise'"):
+        read_table(parquet, "entailment", {})
+
+
 def test_finetune_end_to_end_from_scratch(tmp_path, data_dir):
     """A learnable toy task from a user CSV: string labels in, string labels out."""
     import random

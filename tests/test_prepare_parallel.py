@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from gptkit.data import shards
+from gptkit.data.corpus import corpus_files, read_pieces
 from gptkit.data.shards import TokenShard, combine, prepare
 
 
@@ -42,7 +43,7 @@ def test_this_process_and_its_helpers_share_the_batches(data_dir, tmp_path, monk
     monkeypatch.setattr(
         shards, "_encode", lambda encoder, text, ends: here.append(text) or original(encoder, text, ends)
     )
-    n_pieces = sum(1 for _ in shards._pieces(books, None, 0.05))
+    n_pieces = sum(1 for _ in read_pieces(corpus_files(books), "text", 0.05))
     for workers in (2, 3):
         here.clear()
         assert_same_shards(
@@ -74,7 +75,7 @@ def jsonl_corpus(data_dir: Path, path: Path) -> Path:
 
 def test_two_workers_write_the_same_jsonl_shards_as_one(data_dir, tmp_path):
     docs = jsonl_corpus(data_dir, tmp_path / "docs.jsonl")
-    options = dict(val_fraction=0.1, jsonl_field="text")
+    options = dict(val_fraction=0.1)
     one = prepared(data_dir / "gpt2_bpe", [docs], tmp_path / "one", workers=1, **options)
     two = prepared(data_dir / "gpt2_bpe", [docs], tmp_path / "two", workers=2, **options)
     assert_same_shards(one, two)
@@ -91,9 +92,7 @@ def test_a_bad_jsonl_line_gives_the_same_error_with_workers(data_dir, tmp_path):
     for workers in (1, 2):
         out = tmp_path / f"out{workers}"
         with pytest.raises(ValueError, match=rf"bad.jsonl, line {bad_line}: no field 'text'") as error:
-            prepare(
-                data_dir / "gpt2_bpe", [bad], out, jsonl_field="text", show_progress=False, workers=workers
-            )
+            prepare(data_dir / "gpt2_bpe", [bad], out, show_progress=False, workers=workers)
         messages.append(str(error.value))
         assert not list(out.glob("*.bin*"))  # no shard, no temporary file left behind
     assert messages[0] == messages[1]

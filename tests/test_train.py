@@ -77,7 +77,6 @@ def test_prepare_jsonl_and_bad_rows(data_dir, tmp_path):
         [good],
         tmp_path / "out",
         val_fraction=0.25,
-        jsonl_field="text",
         show_progress=False,
     )
     per_doc = len(Tokenizer.from_pretrained(data_dir / "gpt2_bpe").encode("document number 1.")) + 1
@@ -85,7 +84,7 @@ def test_prepare_jsonl_and_bad_rows(data_dir, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "fine"}\n{"body": "no text field"}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl, line 2: no field 'text'"):
-        prepare(data_dir / "gpt2_bpe", [bad], tmp_path / "out2", jsonl_field="text", show_progress=False)
+        prepare(data_dir / "gpt2_bpe", [bad], tmp_path / "out2", show_progress=False)
     with pytest.raises(FileNotFoundError, match="missing.txt"):
         prepare(data_dir / "gpt2_bpe", [tmp_path / "missing.txt"], tmp_path / "out3", show_progress=False)
 
@@ -96,14 +95,12 @@ def test_a_failed_prepare_leaves_the_old_shards_and_a_foreign_tokenizer_is_refus
     good = tmp_path / "docs.jsonl"
     good.write_text("\n".join(json.dumps({"text": f"document number {i}."}) for i in range(20)) + "\n")
     out = tmp_path / "shards"
-    meta = prepare(
-        data_dir / "gpt2_bpe", [good], out, val_fraction=0.25, jsonl_field="text", show_progress=False
-    )
+    meta = prepare(data_dir / "gpt2_bpe", [good], out, val_fraction=0.25, show_progress=False)
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "fine"}\n["not", "an", "object"]\n')
     with pytest.raises(ValueError, match=r"bad.jsonl, line 2"):  # a GPT-1 tokenizer this time
-        prepare(data_dir / "gpt1_bpe", [bad], out, jsonl_field="text", show_progress=False)
+        prepare(data_dir / "gpt1_bpe", [bad], out, show_progress=False)
     after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert after == before  # the old shards and their own tokenizer, byte for byte
     # No debris: the shards, and the empty lock file that one prepare at a time holds.
@@ -139,7 +136,10 @@ def test_prepare_refuses_what_is_not_text_and_reads_a_directorys_text_files(data
     assert "empty.txt: empty file" in messages and "b.txt: 3 byte(s) that are not UTF-8" in messages
     assert [Path(f).name for f in meta["files"]] == ["a.txt", "empty.txt", "b.txt"]
     (tmp_path / "nothing").mkdir()
-    with pytest.raises(FileNotFoundError, match="nothing is a directory with no .txt/.text/.md files"):
+    with pytest.raises(
+        FileNotFoundError,
+        match="nothing is a directory with no .txt/.text/.md/.jsonl/.ndjson/.parquet/.arrow files",
+    ):
         prepare(tokenizer, [tmp_path / "nothing"], tmp_path / "out2", show_progress=False)
 
 

@@ -13,6 +13,7 @@ import json
 import sys
 import types
 import typing
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -186,11 +187,25 @@ class TokenizeArgs:
 class PrepareArgs:
     """Tokenize a corpus into token shards (train.bin, val.bin, meta.json) for pre-training."""
 
-    files: list[str] = _arg("Corpus files: plain text, or JSONL with --jsonl-field.", positional=True)
+    files: list[str] = _arg(
+        "Corpus files or folders: plain text (one document per file), JSON lines (.jsonl), parquet, "
+        ".arrow, a `datasets` save_to_disk folder (one document per row); text and JSON lines may be "
+        ".gz or .zst.",
+        positional=True,
+    )
     tokenizer: str = _arg("Tokenizer directory.")
     out: str = _arg("Directory to write the shards to.")
-    val_fraction: float = _arg("Share of every document held out for validation (by bytes).", 0.05)
-    jsonl_field: str | None = _arg("Read JSONL files, one document per line, from this field.", None)
+    val_fraction: float = _arg(
+        "Share held out for validation: of every plain-text file's bytes; every ⌈1/fraction⌉-th row of a "
+        "row file.",
+        0.05,
+    )
+    text_field: str = _arg(
+        "The field (JSON lines) or column (parquet, arrow) that holds a row's text.", "text"
+    )
+    jsonl_field: str | None = _arg(
+        "Deprecated: --text-field, and every file of no row format read as JSON lines.", None
+    )
     workers: int | None = _arg(
         "Processes that tokenize, this one included (default: the CPU cores for GPT-1-style tokenizers, "
         "1 for byte-level).",
@@ -203,7 +218,7 @@ class LabelledDataArgs:
     """Print a fine-tuned model's metrics on labelled data (your file or a public dataset) as JSON."""
 
     model: str = _arg("Directory written by `gptkit finetune`.")
-    data: str | None = _arg("CSV/TSV (with a header) or JSONL file.", None)
+    data: str | None = _arg("CSV/TSV (with a header), JSONL or parquet file.", None)
     columns: str | None = _arg("field=column,... as for finetune (default: the field names).", None)
     dataset: str | None = _arg("Or a public dataset by name (sst2, cola, rte, ...).", None)
     split: str = _arg("Split of --dataset: train, dev or test.", "dev")
@@ -395,14 +410,20 @@ def cmd_tokenize(args: TokenizeArgs) -> None:
 def cmd_prepare(args: PrepareArgs) -> None:
     from gptkit.data.shards import prepare
 
-    meta = prepare(
-        args.tokenizer,
-        args.files,
-        args.out,
-        val_fraction=args.val_fraction,
-        jsonl_field=args.jsonl_field,
-        workers=args.workers,
-    )
+    field_option = {"text_field": args.text_field}
+    if args.jsonl_field is not None:
+        print("gptkit prepare: --jsonl-field is deprecated: use --text-field", file=sys.stderr)
+        field_option = {"jsonl_field": args.jsonl_field}  # the old meaning: every file is JSON lines
+    with warnings.catch_warnings():  # said once above, in the shell's words
+        warnings.filterwarnings("ignore", category=DeprecationWarning, message="prepare\\(jsonl_field")
+        meta = prepare(
+            args.tokenizer,
+            args.files,
+            args.out,
+            val_fraction=args.val_fraction,
+            workers=args.workers,
+            **field_option,
+        )
     counts = meta["counts"]
     print(f"wrote {args.out}: {counts['train']:,} training and {counts['val']:,} validation tokens")
 

@@ -1,4 +1,4 @@
-"""Labelled data: the public benchmark files as published, and any CSV/TSV/JSONL file of yours.
+"""Labelled data: the public benchmark files as published, and any CSV/TSV/JSONL/parquet file of yours.
 
 Every reader returns ``Example``s that remember their file and line (RACE: file and question), so
 a bad row is reported where it is. Fields by task:
@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from gptkit.data.formats import DataError, table_rows  # callers import DataError from here too
+
 Task = Literal["classification", "entailment", "similarity", "multiple_choice"]
 TASKS: tuple[str, ...] = ("classification", "entailment", "similarity", "multiple_choice")
 TEXT_FIELDS: dict[str, tuple[str, ...]] = {
@@ -33,10 +35,6 @@ TEXT_FIELDS: dict[str, tuple[str, ...]] = {
 }
 # Fields a task can do without; an example carries one only when its file gives it.
 OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {"multiple_choice": ("question",)}
-
-
-class DataError(ValueError):
-    """A row that cannot be used; the message names the file, line and field."""
 
 
 @dataclass
@@ -81,12 +79,26 @@ def parse_columns(spec: str | None) -> dict[str, str | list[str]]:
     return mapping
 
 
-def _rows(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
-    """(line number, row) of a CSV/TSV with a header, or a JSONL file. BOMs and CRLF are handled."""
+def _as_text(value: object) -> str | None:
+    """A JSON or parquet value as a column's text: strings as they are, null as missing, others as JSON."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, default=str)
+
+
+def _rows(path: Path) -> Iterator[tuple[str, dict[str, str | None]]]:
+    """(where, row) of a CSV/TSV with a header, a JSONL, parquet or arrow file: where is "line N"
+    (from 1) or, for parquet and arrow, "row N" (from 0, as pyarrow and pandas count). BOMs and
+    CRLF are handled."""
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
         for line_number, record in _json_lines(path):
-            yield line_number, {k: v if isinstance(v, str) else json.dumps(v) for k, v in record.items()}
+            row = {k: v if isinstance(v, str) else json.dumps(v) for k, v in record.items()}
+            yield f"line {line_number}", row
+        return
+    if suffix in (".parquet", ".arrow"):  # a row group (a record batch) at a time
+        for index, record in table_rows(path):
+            yield f"row {index}", {k: _as_text(v) for k, v in record.items()}
         return
     with open(path, encoding="utf-8-sig", newline="") as f:
         if suffix == ".tsv":
@@ -98,11 +110,11 @@ def _rows(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
             names = header.split("\t")
             for line_number, line in enumerate(lines, start=2):
                 if line.strip():
-                    yield line_number, dict(zip(names, line.split("\t")))
+                    yield f"line {line_number}", dict(zip(names, line.split("\t")))
         else:
             reader = csv.DictReader(f)
             for row in reader:
-                yield reader.line_num, {k: v for k, v in row.items() if k is not None}
+                yield f"line {reader.line_num}", {k: v for k, v in row.items() if k is not None}
 
 
 def read_table(
@@ -125,8 +137,8 @@ def read_table(
     optional = [name for name in OPTIONAL_FIELDS.get(task, ()) if name in columns]
     mapping = {name: columns.get(name, name) for name in wanted + optional}
     examples = []
-    for index, (line_number, row) in enumerate(_rows(path)):
-        source = f"{path}, line {line_number}"
+    for index, (where, row) in enumerate(_rows(path)):
+        source = f"{path}, {where}"
         if index == 0:
             # The first row decides for the file: a column named like an optional field is used,
             # unless --columns already maps it to another field (context=question: a stem, once).
@@ -147,9 +159,8 @@ def read_table(
                 if c not in row or row[c] is None:
                     if name == "label":
                         break
-                    raise _error(
-                        source, f"missing column {c!r} for field {name!r} (columns: {', '.join(row)})"
-                    )
+                    problem = f"column {c!r} is null" if c in row else f"missing column {c!r}"
+                    raise _error(source, f"{problem} for field {name!r} (columns: {', '.join(row)})")
             else:
                 values[name] = [row[c] for c in names] if isinstance(column, list) else row[column]
         label = values.pop("label", None)

@@ -1,9 +1,10 @@
 """Corpus → token shards on disk → windows of ``context_length`` tokens, drawn without replacement.
 
-``prepare`` streams text files through a tokenizer into ``train.bin`` and ``val.bin`` (flat numpy
-arrays, uint16 when the vocabulary fits, else uint32) with ``meta.json`` beside them and a copy of
-the tokenizer in ``tokenizer/``. Memory does not grow with the corpus: files are read in blocks
-of lines and each block's ids are appended to the shard at once.
+``prepare`` streams a corpus (:mod:`gptkit.data.corpus`: text, JSON lines, parquet, arrow, maybe
+compressed) through a tokenizer into ``train.bin`` and ``val.bin`` (flat numpy arrays, uint16 when
+the vocabulary fits, else uint32) with ``meta.json`` beside them and a copy of the tokenizer in
+``tokenizer/``. Memory does not grow with the corpus: files are read in blocks of lines or rows
+and each block's ids are appended to the shard at once.
 
 ``WindowSampler`` reads a shard by memory map. An epoch is a seeded permutation of the shard's
 non-overlapping windows; every optimizer step takes the next ``batch_size`` of them, and rank r of
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import multiprocessing
 import os
 import shutil
@@ -32,61 +32,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from gptkit.data.readers import DataError
+from gptkit.data.corpus import BLOCK_BYTES, CorpusFile, Piece, check_corpus_file, corpus_files, read_pieces
 from gptkit.data.sampler import EpochSampler
 from gptkit.io import read_json_object, write_json, writer_lock
 from gptkit.tokenizer import END_OF_TEXT, Tokenizer
 
 META_NAME = "meta.json"
-BLOCK_BYTES = 1 << 16  # text is tokenized a block of lines (about 64 kB) at a time
 TASK_BYTES = 1 << 16  # text per task for a worker process (many JSONL documents make one task)
 TASKS_AHEAD = 2  # tasks per helper submitted ahead: one to run, one queued, so a helper never waits
-
-
-def _decode(lines: list[bytes]) -> str:
-    """UTF-8 text with Windows line ends made plain newlines (invalid bytes become U+FFFD)."""
-    return b"".join(lines).decode("utf-8", errors="replace").replace("\r\n", "\n")
-
-
-def _text_blocks(path: Path, jsonl_field: str | None, val_fraction: float) -> Iterator[tuple[str, str, int]]:
-    """Yield (text, split, bytes read) in blocks of whole lines, or one document per JSONL line.
-
-    Plain text: the lines after the first (1 - val_fraction) of the file's bytes are "val".
-    JSONL: every ⌈1/val_fraction⌉-th document is "val".
-    """
-    with open(path, "rb") as f:
-        if jsonl_field is None:
-            boundary = (1.0 - val_fraction) * path.stat().st_size if val_fraction else float("inf")
-            block: list[bytes] = []
-            block_bytes, position, split = 0, 0, "train"
-            for line in f:
-                line_split = "val" if position >= boundary else "train"
-                if block and (line_split != split or block_bytes >= BLOCK_BYTES):
-                    yield _decode(block), split, block_bytes
-                    block, block_bytes = [], 0
-                split = line_split
-                block.append(line)
-                block_bytes += len(line)
-                position += len(line)
-            if block:
-                yield _decode(block), split, block_bytes
-            return
-        every = max(round(1 / val_fraction), 1) if val_fraction else 0
-        document = 0
-        for line_number, line in enumerate(f, start=1):
-            if not line.strip():
-                yield "", "train", len(line)
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}, line {line_number}: not valid JSON ({e.msg})") from e
-            if not isinstance(record, dict) or jsonl_field not in record:
-                raise ValueError(f"{path}, line {line_number}: no field {jsonl_field!r}")
-            if not isinstance(record[jsonl_field], str):
-                raise ValueError(f"{path}, line {line_number}: field {jsonl_field!r} is not a string")
-            document += 1
-            yield record[jsonl_field], "val" if every and document % every == 0 else "train", len(line)
 
 
 def _dtype_for(vocab: int) -> np.dtype:
@@ -100,23 +53,11 @@ def default_workers() -> int:
     return os.cpu_count() or 1
 
 
-# A piece of the corpus, in the order its ids are written: (text, split, bytes read, ends a document).
-# A document's end appends the end-of-text separator; an empty text that ends one is the separator alone.
-_Piece = tuple[str, str, int, bool]
 # What tokenizes a piece: the tokenizer, the separator's ids (none when it has no end-of-text), the dtype.
 _Encoder = tuple[Tokenizer, list[int], np.dtype]
 
 
-def _pieces(files: Sequence[Path], jsonl_field: str | None, val_fraction: float) -> Iterator[_Piece]:
-    """Plain text: blocks of lines, one document per file. JSONL: one document per non-blank line."""
-    for path in files:
-        for text, split, n_bytes in _text_blocks(path, jsonl_field, val_fraction):
-            yield text, split, n_bytes, jsonl_field is not None and bool(text)
-        if jsonl_field is None:
-            yield "", "train", 0, True
-
-
-def _counted(pieces: Iterable[_Piece], text_bytes: dict[str, int]) -> Iterator[_Piece]:
+def _counted(pieces: Iterable[Piece], text_bytes: dict[str, int]) -> Iterator[Piece]:
     """The pieces unchanged, adding each one's UTF-8 text bytes to its split's count."""
     for piece in pieces:
         text_bytes[piece[1]] += len(piece[0].encode("utf-8"))
@@ -136,7 +77,7 @@ def _encode(encoder: _Encoder, text: str, ends_document: bool) -> np.ndarray:
     return np.asarray(ids, dtype=dtype)
 
 
-def _encoded_here(pieces: Iterable[_Piece], encoder: _Encoder) -> Iterator[tuple[str, int, np.ndarray]]:
+def _encoded_here(pieces: Iterable[Piece], encoder: _Encoder) -> Iterator[tuple[str, int, np.ndarray]]:
     """(split, bytes read, ids) of every piece, tokenized in this process."""
     for text, split, n_bytes, ends_document in pieces:
         yield split, n_bytes, _encode(encoder, text, ends_document)
@@ -161,9 +102,9 @@ def _encode_in_worker(texts: list[tuple[str, bool]]) -> list[np.ndarray]:
     return [_encode(_worker_encoder, text, ends_document) for text, ends_document in texts]
 
 
-def _batches(pieces: Iterable[_Piece]) -> Iterator[list[_Piece]]:
+def _batches(pieces: Iterable[Piece]) -> Iterator[list[Piece]]:
     """Consecutive pieces, about TASK_BYTES of text a batch."""
-    batch: list[_Piece] = []
+    batch: list[Piece] = []
     size = 0
     for piece in pieces:
         batch.append(piece)
@@ -206,7 +147,7 @@ class _Batch:
 
 
 def _encoded_in_pool(
-    pieces: Iterable[_Piece], encoder: _Encoder, tokenizer_dir: str, workers: int
+    pieces: Iterable[Piece], encoder: _Encoder, tokenizer_dir: str, workers: int
 ) -> Iterator[tuple[str, int, np.ndarray]]:
     """(split, bytes read, ids) of every piece in the corpus's order, tokenized by this process and
     ``workers - 1`` helper processes.
@@ -253,22 +194,29 @@ def prepare(
     files: Sequence[str | Path],
     out_dir: str | Path,
     val_fraction: float = 0.05,
-    jsonl_field: str | None = None,
+    text_field: str = "text",
     show_progress: bool = True,
     workers: int | None = None,
+    *,
+    jsonl_field: str | None = None,
 ) -> dict:
     """Tokenize ``files`` into ``out_dir`` (train.bin, val.bin, meta.json, tokenizer/).
 
-    Plain text files are one document each; the last ``val_fraction`` of every document (by bytes,
-    whole lines) goes to the validation split. With ``jsonl_field``, every line of a file is a
-    document (that field's text) and every ⌈1/val_fraction⌉-th document is held out. Documents are
-    separated by the end-of-text token when the tokenizer has one.
+    A file's suffix says how it is read (:mod:`gptkit.data.corpus`; ``.gz``/``.zst`` after it:
+    compressed): a plain text file is one document, and the last ``val_fraction`` of it (by bytes,
+    whole lines) goes to the validation split; JSON lines, parquet, arrow and ``datasets`` folders
+    give one document per row (its ``text_field``), and every ⌈1/val_fraction⌉-th document of a
+    file is held out. A folder gives its corpus files. Documents are separated by the end-of-text
+    token when the tokenizer has one. ``jsonl_field`` is the deprecated name of ``text_field``
+    that also reads every file of no row format as JSON lines, as it used to.
 
     ``workers`` processes tokenize: this one and ``workers - 1`` helpers (default: the CPU cores
     this process may use for GPT-1's slow spaCy-based tokenizer, 1 for the byte-level one, which is
     faster than handing text to another process: benchmarks/prepare_throughput.py). The shards are
     byte for byte the same for any number of workers.
 
+    Every file is checked before any is read (tables have the text column, text is text); a row
+    that cannot be read stops the run with a DataError naming file, line or row, and field.
     Everything is written into a hidden folder beside ``out_dir`` and renamed into place only when
     complete: a failed run leaves an existing ``out_dir`` exactly as it was.
     """
@@ -276,14 +224,21 @@ def prepare(
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
-    files = corpus_files(files, jsonl_field)
-    missing = [str(f) for f in files if not f.is_file()]
+    if jsonl_field is not None:
+        warnings.warn(
+            "prepare(jsonl_field=...) is deprecated: use text_field=..., and name JSON-lines files .jsonl",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        text_field = jsonl_field
+    corpus = corpus_files(files, as_jsonl=jsonl_field is not None)
+    missing = [str(f.path) for f in corpus if not f.path.exists()]
     if missing:
         raise FileNotFoundError(f"corpus file(s) not found: {', '.join(missing)}")
-    if not files:
+    if not corpus:
         raise ValueError("no corpus files given")
-    for path in files:
-        check_text_file(path)
+    for file in corpus:
+        check_corpus_file(file, text_field)
     tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
     if workers is None:
         workers = default_workers() if tokenizer.style == "gpt1" else 1
@@ -296,57 +251,13 @@ def prepare(
         out_dir.mkdir()
         try:
             meta = _prepare_into(
-                out_dir, tokenizer, tokenizer_dir, files, val_fraction, jsonl_field, show_progress, workers
+                out_dir, tokenizer, tokenizer_dir, corpus, val_fraction, text_field, show_progress, workers
             )
         except BaseException:
             shutil.rmtree(out_dir, ignore_errors=True)
             raise
         _swap_into_place(out_dir, final_dir)
     return meta
-
-
-TEXT_SUFFIXES = (".txt", ".text", ".md")
-SNIFF_BYTES = 1 << 16  # the start of a file that is checked for being text
-MAX_UNDECODABLE = 0.01  # a larger share of bytes that are not UTF-8: not a text file
-
-
-def corpus_files(paths: Sequence[str | Path], jsonl_field: str | None = None) -> list[Path]:
-    """The files to read: each path itself, or a directory's text files (``.txt``, ``.text``, ``.md``;
-    ``.jsonl`` with ``jsonl_field``), recursively, in name order."""
-    suffixes = (".jsonl",) if jsonl_field else TEXT_SUFFIXES
-    files = []
-    for path in map(Path, paths):
-        if not path.is_dir():
-            files.append(path)
-            continue
-        found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in suffixes)
-        if not found:
-            raise FileNotFoundError(f"{path} is a directory with no {'/'.join(suffixes)} files in it")
-        files.extend(found)
-    return files
-
-
-def check_text_file(path: Path) -> None:
-    """Refuse a file that is not text (NUL bytes, or more than 1% of bytes that are not UTF-8, in its
-    first 64 KiB); warn about an empty file and about bytes that will be replaced."""
-    with open(path, "rb") as f:
-        sample = f.read(SNIFF_BYTES)
-    if not sample:
-        warnings.warn(f"{path}: empty file, nothing to tokenize", stacklevel=3)
-        return
-    if b"\0" in sample:
-        raise DataError(f"{path}: not a text file (it holds NUL bytes): give UTF-8 text or JSON lines")
-    decoded = sample.decode("utf-8", errors="replace")
-    bad = decoded.count("\ufffd") - sample.decode("utf-8", errors="ignore").count("\ufffd")
-    if len(sample) == SNIFF_BYTES:  # a character cut at the sample's end is not an error
-        bad = max(bad - 1, 0)
-    if bad > MAX_UNDECODABLE * len(sample):
-        raise DataError(
-            f"{path}: not UTF-8 text ({bad} of its first {len(sample):,} bytes are not UTF-8); convert it "
-            "first (e.g. iconv -f latin1 -t utf-8)"
-        )
-    if bad:
-        warnings.warn(f"{path}: {bad} byte(s) that are not UTF-8 will be read as U+FFFD", stacklevel=3)
 
 
 def _swap_into_place(ready: Path, final: Path) -> None:
@@ -382,9 +293,9 @@ def _prepare_into(
     out_dir: Path,
     tokenizer: Tokenizer,
     tokenizer_dir: str | Path,
-    files: list[Path],
+    files: list[CorpusFile],
     val_fraction: float,
-    jsonl_field: str | None,
+    text_field: str,
     show_progress: bool,
     workers: int,
 ) -> dict:
@@ -393,15 +304,15 @@ def _prepare_into(
     dtype = encoder[2]
     tokenizer.save_pretrained(out_dir / "tokenizer")
 
-    total_bytes = sum(f.stat().st_size for f in files)
+    total_bytes = sum(f.size() for f in files)
     workers = min(workers, -(-total_bytes // BLOCK_BYTES))  # no more workers than blocks of text
     # UTF-8 bytes of the text each split holds (line ends made plain): the denominator of bits per byte.
     text_bytes = {"train": 0, "val": 0}
-    pieces = _counted(_pieces(files, jsonl_field, val_fraction), text_bytes)
+    corpus = _counted(read_pieces(files, text_field, val_fraction), text_bytes)
     if workers > 1:
-        encoded = _encoded_in_pool(pieces, encoder, str(Path(tokenizer_dir).resolve()), workers)
+        encoded = _encoded_in_pool(corpus, encoder, str(Path(tokenizer_dir).resolve()), workers)
     else:
-        encoded = _encoded_here(pieces, encoder)
+        encoded = _encoded_here(corpus, encoder)
     counts = {"train": 0, "val": 0}
     tmp_paths = {split: out_dir / f".{split}.bin.tmp" for split in counts}
     handles = {split: open(path, "wb") for split, path in tmp_paths.items()}
@@ -434,9 +345,10 @@ def _prepare_into(
         "dtype": dtype.name,
         "counts": counts,
         "text_bytes": text_bytes,
-        "files": [str(f) for f in files],
+        "files": [str(f.path) for f in files],
         "val_fraction": val_fraction,
-        "jsonl_field": jsonl_field,
+        # The column or field rows were read from; None when every file was plain text.
+        "text_field": text_field if any(f.kind != "text" for f in files) else None,
     }
     write_json(out_dir / META_NAME, meta)
     return meta
@@ -667,7 +579,7 @@ def combine(shard_dirs: Sequence[str | Path], out_dir: str | Path, show_progress
         "counts": {split: sum(meta["counts"][split] for meta in metas) for split in splits},
         "files": [f for meta in metas for f in meta.get("files", [])],
         "val_fraction": _agreed(metas, "val_fraction"),
-        "jsonl_field": _agreed(metas, "jsonl_field"),
+        "text_field": _agreed(metas, "text_field"),
         "parts": [str(d) for d in shard_dirs],
     }
     write_json(out_dir / META_NAME, meta)

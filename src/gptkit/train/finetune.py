@@ -84,7 +84,7 @@ class FinetuneConfig(ModelShape):
         default="data", metadata={"help": "Where the public datasets live (for --dataset)."}
     )
     train: str | None = field(
-        default=None, metadata={"help": "Training file (CSV/TSV with a header, or JSONL)."}
+        default=None, metadata={"help": "Training file (CSV/TSV with a header, JSONL or parquet)."}
     )
     dev: str | None = field(default=None, metadata={"help": "Dev file, evaluated after every epoch."})
     columns: str | None = field(
