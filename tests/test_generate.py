@@ -135,6 +135,8 @@ def test_streamed_text_equals_generated_text_and_stops(data_dir):
     assert len(pieces) > 1
     [whole] = generate_text(model, tokenizer, ["Once upon a time"], max_new_tokens=20)
     assert "".join(pieces) == whole
+    # One prompt as a string is one prompt (not one per character), and gives a string.
+    assert generate_text(model, tokenizer, "Once upon a time", max_new_tokens=20) == whole
     stop = whole[3:6]
     stopped = "".join(stream_text(model, tokenizer, "Once upon a time", max_new_tokens=20, stop=[stop]))
     assert stopped == whole[: whole.find(stop)]

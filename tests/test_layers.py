@@ -26,6 +26,7 @@ LAYERS = {
     "gptkit.generation": 4,
     "gptkit.evaluate": 4,
     "gptkit.serve": 4,
+    "gptkit.export": 4,
     "gptkit.demo": 5,
     "gptkit.paper": 5,
     "gptkit.cli": 5,

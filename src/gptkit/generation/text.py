@@ -146,15 +146,22 @@ def stream_text(
 def generate_text(
     model: GPT,
     tokenizer: Tokenizer,
-    prompts: Sequence[str],
+    prompts: str | Sequence[str],
     max_new_tokens: int | None = None,
     params: SamplingParams | None = None,
     raw: bool = False,
     generator: torch.Generator | None = None,
     **settings,
-) -> list[str]:
+) -> str | list[str]:
     """Continuations of several prompts at once (left-padded into one batch), joined as a person
-    reads text unless ``raw``, each cut at its first stop string (see :func:`stream_text`)."""
+    reads text unless ``raw``, each cut at its first stop string (see :func:`stream_text`).
+
+    One prompt (a string) gives one string; a list of prompts, a list in the same order.
+    """
+    if isinstance(prompts, str):  # not a sequence of one-character prompts
+        return generate_text(model, tokenizer, [prompts], max_new_tokens, params, raw, generator, **settings)[
+            0
+        ]
     params = _text_params(params, max_new_tokens, settings)
     device = next(model.parameters()).device
     encoded = [encode_prompt(model, tokenizer, p, params.max_tokens) for p in prompts]
