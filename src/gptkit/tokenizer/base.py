@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from gptkit.io import read_json_object, write_json
+from gptkit.io import atomic_write, read_json_object, write_json
 from gptkit.tokenizer.bpe import write_merges
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
+# transformers' (and every `tokenizers` user's) file: the whole pipeline, vocabulary and merges.
+TOKENIZER_JSON = "tokenizer.json"
 
 
 class Tokenizer:
@@ -62,16 +64,48 @@ class Tokenizer:
                 )
 
     def save_pretrained(self, directory: str | Path) -> None:
-        """Write ``encoder.json`` (token → id), ``vocab.bpe`` (merges) and ``tokenizer_config.json``."""
+        """Write ``encoder.json`` (token → id), ``vocab.bpe`` (merges) and ``tokenizer_config.json``,
+        and for transformers ``tokenizer.json`` and its keys in ``tokenizer_config.json``, so that
+        ``AutoTokenizer.from_pretrained(directory)`` gives the same ids.
+
+        A directory saved before gptkit wrote the transformers files gets them by loading and saving
+        it again: ``Tokenizer.from_pretrained(d).save_pretrained(d)``.
+        """
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
+        hf_tokenizer = self.hf_tokenizer()
         write_json(directory / "encoder.json", self.encoder)
         write_merges(directory / "vocab.bpe", self.merges)
+        atomic_write(directory / TOKENIZER_JSON, lambda tmp: hf_tokenizer.save(tmp))
         files = {"encoder": "encoder.json", "merges": "vocab.bpe"}
+        # One file for both readers: gptkit reads style/files/special_tokens, transformers the rest.
         write_json(
             directory / TOKENIZER_CONFIG,
-            {"style": self.style, "files": files, "special_tokens": self.special_tokens},
+            {"style": self.style, "files": files, "special_tokens": self.special_tokens, **self.hf_config()},
         )
+
+    def hf_tokenizer(self):
+        """This tokenizer as a Hugging Face ``tokenizers.Tokenizer`` (what ``tokenizer.json`` holds),
+        giving the same ids as :meth:`encode`."""
+        raise NotImplementedError
+
+    def hf_config(self) -> dict:
+        """transformers' keys of ``tokenizer_config.json`` (``tokenizer_class``, special tokens, ...)."""
+        raise NotImplementedError
+
+    def _with_special_tokens(self, hf_tokenizer):
+        """Register the special tokens, at the ids they have here, as transformers' special tokens."""
+        from tokenizers import AddedToken
+
+        hf_tokenizer.add_special_tokens(
+            [AddedToken(token, special=True, normalized=False) for token in self.special_tokens]
+        )
+        for token, token_id in self.special_tokens.items():
+            if hf_tokenizer.token_to_id(token) != token_id:
+                raise ValueError(
+                    f"{token!r} has id {token_id} here but {hf_tokenizer.token_to_id(token)} in tokenizer.json"
+                )
+        return hf_tokenizer
 
     @classmethod
     def from_files(

@@ -130,6 +130,28 @@ class ByteLevelTokenizer(Tokenizer):
     def n_special(self) -> int:
         return self._n_special
 
+    def hf_tokenizer(self):
+        """GPT-2's pipeline in ``tokenizers``: its byte-level pre-tokenizer uses GPT-2's pattern."""
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, models, pre_tokenizers, processors
+
+        vocab = {**self.encoder, **self.special_tokens}
+        hf_tokenizer = HFTokenizer(models.BPE(vocab=vocab, merges=self.merges, fuse_unk=False))
+        hf_tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        hf_tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+        hf_tokenizer.decoder = decoders.ByteLevel()
+        return self._with_special_tokens(hf_tokenizer)
+
+    def hf_config(self) -> dict:
+        return {
+            "tokenizer_class": "GPT2Tokenizer",
+            "bos_token": END_OF_TEXT,
+            "eos_token": END_OF_TEXT,
+            "unk_token": END_OF_TEXT,
+            "add_prefix_space": False,
+            "clean_up_tokenization_spaces": False,  # decode gives the text back as it was
+        }
+
     def encode(self, text: str, *, allow_special: bool = False) -> list[int]:
         """Token ids of ``text``. ``<|endoftext|>`` written in the text is plain text unless allowed."""
         if allow_special:

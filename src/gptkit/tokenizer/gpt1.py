@@ -194,6 +194,41 @@ class GPT1Tokenizer(Tokenizer):
             out.append(ids)
         return out
 
+    def hf_tokenizer(self):
+        """The whole pipeline in ``tokenizers`` (see gpt1_normalizer): the same ids on real text,
+        apart from the cases that module names."""
+        from tokenizers import Regex, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
+
+        from gptkit.tokenizer.gpt1_normalizer import gpt1_normalizer
+
+        # A symbol missing from the encoder is id 0, as in the original (GPT-1's id 0 is "<unk>").
+        unknown = next((token for token, token_id in self.encoder.items() if token_id == 0), None)
+        vocab = {**self.encoder, **self.special_tokens}
+        bpe = models.BPE(
+            vocab=vocab, merges=self.merges, end_of_word_suffix=END_OF_WORD, unk_token=unknown, fuse_unk=False
+        )
+        hf_tokenizer = HFTokenizer(bpe)
+        hf_tokenizer.normalizer = gpt1_normalizer(self._spacy.rules)
+        hf_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(" ", "removed"),
+                # spaCy splits icons (°, ©, ✓, ...) off wherever they are.
+                pre_tokenizers.Split(Regex(r"\p{So}"), "isolated"),
+            ]
+        )
+        hf_tokenizer.decoder = decoders.BPEDecoder(suffix=END_OF_WORD)
+        return self._with_special_tokens(hf_tokenizer)
+
+    def hf_config(self) -> dict:
+        # Not OpenAIGPTTokenizer: it would replace this pipeline by BERT's (see gpt1_normalizer).
+        # No unk_token either: transformers would then match "<unk>" in text as one token.
+        return {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "additional_special_tokens": list(self.special_tokens),
+            "clean_up_tokenization_spaces": False,
+        }
+
     def decode(self, ids: Sequence[int]) -> str:
         self._check_ids(ids)
         text = "".join(self.decoder[int(i)] for i in ids)

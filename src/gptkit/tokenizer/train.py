@@ -2,7 +2,8 @@
 
 The merge learning is Hugging Face ``tokenizers``' (fast, well kept); gptkit owns the glue: the
 pre-tokenization that matches each style, and writing ``encoder.json`` + ``vocab.bpe`` +
-``tokenizer_config.json`` so that ``Tokenizer.from_pretrained`` reads the result at once.
+``tokenizer_config.json`` (+ transformers' ``tokenizer.json``) so that ``Tokenizer.from_pretrained``
+and ``AutoTokenizer.from_pretrained`` read the result at once.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from typing import Literal
 from tqdm import tqdm
 
 from gptkit.io import write_json
-from gptkit.tokenizer.base import TOKENIZER_CONFIG, Tokenizer
+from gptkit.tokenizer.base import Tokenizer
 from gptkit.tokenizer.bpe import write_merges
-from gptkit.tokenizer.bytelevel import END_OF_TEXT, byte_to_char
+from gptkit.tokenizer.bytelevel import END_OF_TEXT, ByteLevelTokenizer, byte_to_char
 from gptkit.tokenizer.gpt1 import (
     END_OF_WORD,
     GPT1_SPECIAL_TOKENS,
     MAX_CHUNK_CHARS,
+    GPT1Tokenizer,
     _require_gpt1_extra,
     text_standardize,
 )
@@ -117,13 +119,8 @@ def train_bpe(
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / "encoder.json", model["vocab"])
     write_merges(out_dir / "vocab.bpe", merges)
+    kind = ByteLevelTokenizer if style == "bytelevel" else GPT1Tokenizer
     specials = GPT1_SPECIAL_TOKENS if style == "gpt1" else [END_OF_TEXT]
-    write_json(
-        out_dir / TOKENIZER_CONFIG,
-        {
-            "style": style,
-            "files": {"encoder": "encoder.json", "merges": "vocab.bpe"},
-            "special_tokens": specials,
-        },
-    )
-    return Tokenizer.from_pretrained(out_dir)
+    tokenizer = kind.from_files(out_dir / "encoder.json", out_dir / "vocab.bpe", specials)
+    tokenizer.save_pretrained(out_dir)  # tokenizer_config.json, and transformers' files
+    return tokenizer
