@@ -46,16 +46,21 @@ def _free_port() -> int:
 class Server:
     """`gptkit serve` in a subprocess; its output goes to a log file (read when a test fails)."""
 
-    def __init__(self, model_dir: Path, log: Path, *flags: str):
+    def __init__(self, model_dir: Path | dict[str, Path], log: Path, *flags: str):
+        """One model (named MODEL), or several as {name: directory}."""
         self.port = _free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = log
         env = {**os.environ, "OMP_NUM_THREADS": "1"}  # two cores shared: one thread decodes fastest
         env.pop("GPTKIT_API_KEY", None)
+        if isinstance(model_dir, dict):
+            models = [arg for name, path in model_dir.items() for arg in ("--model", f"{name}={path}")]
+        else:
+            models = ["--model", str(model_dir), "--model-name", MODEL]
         with open(log, "wb") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "gptkit", "serve", "--model", str(model_dir), "--port", str(self.port)]
-                + ["--model-name", MODEL, "--dtype", "float32", "--device", "cpu", *flags],
+                [sys.executable, "-m", "gptkit", "serve", *models, "--port", str(self.port)]
+                + ["--dtype", "float32", "--device", "cpu", *flags],
                 cwd=REPO,
                 env=env,
                 stdout=out,
@@ -551,14 +556,18 @@ _BODIES = (
 )
 
 
-def test_any_body_gets_an_answer_never_a_server_error_and_the_server_stays_healthy(server):
-    """Random bodies (hypothesis), then the server must still be up and answering: one test, so
-    that it holds whatever order the tests run in."""
+def answers_any_request(server: Server, requests: st.SearchStrategy, max_examples: int = 60) -> None:
+    """Random (path, body) requests (hypothesis) each get an answer, never a server error, and the
+    server is still up and answering after them."""
 
-    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
-    @given(body=_BODIES)
-    def answered(body):
-        response = _post(server, body)
+    @settings(
+        max_examples=max_examples, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None
+    )
+    @given(request=requests)
+    def answered(request):
+        path, body = request
+        headers = {"Content-Type": "application/json", **AUTH}
+        response = httpx.post(f"{server.base}{path}", content=body, headers=headers, timeout=30)
         assert response.status_code < 500, response.text
         if response.status_code != 200:
             _error(response, response.status_code)
@@ -566,6 +575,11 @@ def test_any_body_gets_an_answer_never_a_server_error_and_the_server_stays_healt
     answered()
     assert httpx.get(f"{server.base}/health", timeout=10).json()["status"] == "ok"
     assert server.process.poll() is None
+
+
+def test_any_body_gets_an_answer_never_a_server_error_and_the_server_stays_healthy(server):
+    """One test, so that it holds whatever order the tests run in."""
+    answers_any_request(server, _BODIES.map(lambda body: ("/v1/completions", body)))
 
 
 # The small server: one row, two waiting, 2.5 s per request ------------------------------------

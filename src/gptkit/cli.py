@@ -275,24 +275,38 @@ class GenerateArgs(InferenceArgs):
 
 @dataclass
 class ServeArgs(InferenceArgs):
-    """Serve a model over HTTP with OpenAI's completions protocol (continuous batching)."""
+    """Serve models over HTTP: OpenAI's completions (continuous batching) and embeddings, vLLM's classify."""
 
-    model: str = _arg("Model directory (HF, gptkit or converted GPT-1 release) or hub name.")
-    tokenizer: str | None = _arg("Tokenizer directory (default: the model directory).", None)
+    model: list[str] = _arg(
+        "Model directory (HF, gptkit, converted GPT-1 release, or one written by `gptkit finetune`) or "
+        "hub name; NAME=DIR names it in the API. Repeat to serve several models.",
+        repeat=True,
+        metavar="[NAME=]DIR",
+    )
+    tokenizer: str | None = _arg(
+        "Tokenizer directory of a single language model (default: its directory).", None
+    )
     host: str = _arg("Address to listen on; 127.0.0.1 takes connections from this machine only.", "127.0.0.1")
     port: int = _arg("TCP port.", 8000)
     api_key: str | None = _arg(
         "Clients must send 'Authorization: Bearer KEY' (default: $GPTKIT_API_KEY; unset: no key).", None
     )
-    max_batch: int = _arg("Sequences decoded together.", 16)
-    max_queue: int = _arg("Sequences waiting for the batch; past it requests get HTTP 429.", 64)
+    max_batch: int = _arg("Sequences decoded together; inputs of one classify/embeddings forward.", 16)
+    max_queue: int = _arg(
+        "Sequences (and, apart, classify/embeddings inputs) waiting; past it requests get HTTP 429.", 64
+    )
     max_tokens_limit: int = _arg("The largest max_tokens a request may ask for.", 512)
     max_body_bytes: int = _arg("Larger request bodies get HTTP 413.", 1_000_000)
     request_timeout: float = _arg("Seconds a request may wait and generate, in all.", 120.0)
+    batch_wait_ms: float = _arg(
+        "Milliseconds a classify/embeddings batch waits to fill once its first input has arrived.", 5.0
+    )
     cors_origin: list[str] | None = _arg(
         "Allow browser pages from these origins (default: none, CORS off).", None, metavar="ORIGIN"
     )
-    model_name: str | None = _arg("The model's name in the API (default: the model directory's name).", None)
+    model_name: str | None = _arg(
+        "The name in the API of a single model given as a bare DIR (default: the directory's name).", None
+    )
 
 
 @dataclass
@@ -512,6 +526,7 @@ def cmd_serve(args: ServeArgs) -> None:
     import os
 
     from gptkit.serve import ServeLimits, run_server
+    from gptkit.serve.models import name_models
 
     limits = ServeLimits(
         max_batch=args.max_batch,
@@ -519,15 +534,15 @@ def cmd_serve(args: ServeArgs) -> None:
         max_tokens_limit=args.max_tokens_limit,
         max_body_bytes=args.max_body_bytes,
         request_timeout=args.request_timeout,
+        batch_wait_ms=args.batch_wait_ms,
     )
     run_server(
-        args.model,
+        name_models(args.model, args.model_name),
         tokenizer_dir=args.tokenizer,
         host=args.host,
         port=args.port,
         api_key=args.api_key or os.environ.get("GPTKIT_API_KEY") or None,
         cors_origins=args.cors_origin or (),
-        model_name=args.model_name,
         dtype=args.dtype,
         device=args.device,
         limits=limits,

@@ -148,9 +148,13 @@ class TaskModel(nn.Module):
     def predict(self, rows: Sequence[Example | Mapping], batch_size: int = 64) -> list[dict]:
         """One record per row, in order: ``label`` (the label name, the choice index, or the score)
         and, for classes and choices, ``probabilities``."""
+        return self.records(self.logits(self.encode(rows), batch_size))
+
+    def records(self, logits: torch.Tensor) -> list[dict]:
+        """:meth:`predict`'s records from task logits (one row per example, as :meth:`logits` gives)."""
         spec = self.spec
         records = []
-        for row in self.logits(self.encode(rows), batch_size):
+        for row in logits:
             if spec.regression:
                 records.append({"label": float(row)})
                 continue

@@ -1,7 +1,8 @@
-"""An OpenAI-compatible completions server with continuous batching (the ``serve`` extra).
+"""An OpenAI-compatible server (the ``serve`` extra): completions with continuous batching for
+language models, classify (vLLM's protocol) for fine-tuned models, embeddings for every model.
 
-``gptkit serve --model DIR`` or :func:`run_server`; :class:`Engine` is the batching decode loop,
-usable without HTTP. FastAPI and uvicorn are imported only when the server starts.
+``gptkit serve --model [NAME=]DIR ...`` or :func:`run_server`; :class:`Engine` is the batching decode
+loop, usable without HTTP. FastAPI and uvicorn are imported only when the server starts.
 """
 
 from gptkit.generation.sampling import SamplingParams

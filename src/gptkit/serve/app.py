@@ -1,7 +1,9 @@
-"""The HTTP side: FastAPI routes that check requests, hand sequences to the engine and answer.
+"""The HTTP side: FastAPI routes that check requests, hand them to the model they name and answer.
 
-Routes: ``POST /v1/completions``, ``GET /v1/models``, ``GET /v1/models/{model}`` (these three need the
-API key when one is set), ``GET /health`` and ``GET /metrics``. Every error is OpenAI's error object.
+Routes: ``POST /v1/completions`` (language models), ``POST /v1/classify`` (fine-tuned models; also
+at ``/classify``, as vLLM), ``POST /v1/embeddings`` (every model), ``GET /v1/models``,
+``GET /v1/models/{model}`` (these need the API key when one is set), ``GET /health`` and
+``GET /metrics``. Every error is OpenAI's error object.
 ``GET /`` is the playground page (files in ``static/``, served under ``/static/``); it needs no key, and
 asks for one in a field when the server has one.
 """
@@ -19,7 +21,8 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -27,22 +30,35 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from gptkit.data.readers import DataError
 from gptkit.generation import start_ids
+from gptkit.serve.batcher import Batcher, BatchFailed
 from gptkit.serve.config import ServeLimits
 from gptkit.serve.engine import Engine, EngineStopped, Event, GenerationRequest, QueueFull
 from gptkit.serve.metrics import Metrics
+from gptkit.serve.models import CLASSIFY, COMPLETIONS, EMBEDDINGS, ServedModel
+from gptkit.serve.pooling_protocol import parse_classify_request, parse_embedding_request
 from gptkit.serve.protocol import (
     APIError,
     CompletionRequest,
     bad_request,
     check_context,
     parse_completion_request,
+    requested_model,
 )
-from gptkit.serve.responses import Choice, LogprobsWriter, chunk_body, completion_body, usage
+from gptkit.serve.responses import (
+    Choice,
+    LogprobsWriter,
+    chunk_body,
+    classification_body,
+    completion_body,
+    embeddings_body,
+    usage,
+)
 
 logger = logging.getLogger("gptkit.serve")
 
-_ENDPOINTS = {"/v1/completions", "/v1/models", "/health", "/metrics"}
+_ENDPOINTS = {COMPLETIONS, CLASSIFY, "/classify", EMBEDDINGS, "/v1/models", "/health", "/metrics"}
 _POLL_SECONDS = 0.25  # how often a waiting request looks for its client having gone
 _ENGINE_ERRORS = {  # an engine "error" event → the HTTP answer
     "timeout": (
@@ -150,32 +166,32 @@ class _Completion:
 class _Server:
     """What the routes share."""
 
-    engine: Engine
-    model_name: str
+    models: dict[str, ServedModel]  # by name, in the order given
     limits: ServeLimits
     api_key: str | None
-    logprobs: LogprobsWriter
-    created: int  # when the server started, the model's "created"
+    created: int  # when the server started, the models' "created"
 
 
 def create_app(
-    engine: Engine,
+    models: Sequence[ServedModel],
     *,
-    model_name: str,
     limits: ServeLimits,
     api_key: str | None = None,
     cors_origins: tuple[str, ...] = (),
 ) -> FastAPI:
-    """The server's ASGI app; it starts ``engine`` at startup and stops it at shutdown."""
-    server = _Server(engine, model_name, limits, api_key, LogprobsWriter(engine.tokenizer), int(time.time()))
-    metrics = Metrics(engine)
+    """The server's ASGI app; it starts the models' loops at startup and stops them at shutdown."""
+    if not models:
+        raise ValueError("a server needs at least one model")
+    server = _Server({model.name: model for model in models}, limits, api_key, int(time.time()))
+    metrics = Metrics(models)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        if not engine.alive:
-            engine.start()
+        for model in models:
+            model.start()
         yield
-        engine.stop()
+        for model in models:
+            await model.stop()
 
     app = FastAPI(title="gptkit", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     if cors_origins:
@@ -192,29 +208,46 @@ def create_app(
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok" if engine.alive else "starting", "model": model_name}
+        alive = all(model.alive for model in models)
+        return {
+            "status": "ok" if alive else "starting",
+            "model": models[0].name,
+            "models": list(server.models),
+        }
 
     @app.get("/metrics")
     async def prometheus() -> PlainTextResponse:
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
-    async def models(http: Request) -> dict:
+    async def list_models(http: Request) -> dict:
         _check_api_key(http, api_key)
-        return {"object": "list", "data": [_model_card(server)]}
+        return {"object": "list", "data": [_model_card(server, model) for model in models]}
 
-    @app.get("/v1/models/{model}")
-    async def model(http: Request, model: str) -> dict:
+    @app.get("/v1/models/{name}")
+    async def get_model(http: Request, name: str) -> dict:
         _check_api_key(http, api_key)
-        if model != model_name:
-            raise _model_not_found(model)
-        return _model_card(server)
+        if name not in server.models:
+            raise _model_not_found(name)
+        return _model_card(server, server.models[name])
 
-    @app.post("/v1/completions")
+    @app.post(COMPLETIONS)
     async def completions(http: Request) -> Response:
         return await _complete(server, http)
 
-    page, assets = _playground(model_name, api_key is not None, limits.max_tokens_limit)
+    @app.post(CLASSIFY)
+    @app.post("/classify")
+    async def classify(http: Request) -> Response:
+        return await _classify(server, http)
+
+    @app.post(EMBEDDINGS)
+    async def embeddings(http: Request) -> Response:
+        return await _embed(server, http)
+
+    # The page generates text: it talks to the first language model (or the first model, which then
+    # tells it that it does not generate).
+    page_model = next((model for model in models if model.engine is not None), models[0])
+    page, assets = _playground(page_model.name, api_key is not None, limits.max_tokens_limit)
 
     @app.get("/")
     async def playground() -> HTMLResponse:
@@ -294,8 +327,20 @@ def _check_api_key(http: Request, api_key: str | None) -> None:
         raise APIError(401, "Incorrect API key provided", code="invalid_api_key")
 
 
-def _model_card(server: _Server) -> dict:
-    return {"id": server.model_name, "object": "model", "created": server.created, "owned_by": "gptkit"}
+def _model_card(server: _Server, model: ServedModel) -> dict:
+    """OpenAI's model object; gptkit adds the endpoints that answer for it and, for a fine-tuned
+    model, its task."""
+    card: dict[str, Any] = {
+        "id": model.name,
+        "object": "model",
+        "created": server.created,
+        "owned_by": "gptkit",
+    }
+    card["endpoints"] = list(model.endpoints)
+    if model.task is not None:
+        spec = model.task.spec
+        card.update(task=spec.task, regression=spec.regression, labels=spec.labels, n_choices=spec.n_choices)
+    return card
 
 
 async def _read_body(http: Request, limit: int) -> bytes:
@@ -312,6 +357,38 @@ async def _read_body(http: Request, limit: int) -> bytes:
             raise too_large
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def _read_json(http: Request, limit: int) -> Any:
+    """The request's JSON body (at most ``limit`` bytes)."""
+    try:
+        raw = await _read_body(http, limit)
+    except ClientDisconnect:
+        raise APIError(400, "the client went away before sending its whole request") from None
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise bad_request(
+            f"We could not parse the JSON body of your request ({type(e).__name__}: {str(e)[:200]}). "
+            "The OpenAI API expects a JSON payload"
+        ) from None
+
+
+def _served(server: _Server, body: Any, endpoint: str) -> ServedModel:
+    """The model a request names: 404 when none has that name, 400 when it does not answer ``endpoint``."""
+    name = requested_model(body)
+    model = server.models.get(name)
+    if model is None:
+        raise _model_not_found(name)
+    if endpoint not in model.endpoints:
+        raise APIError(
+            400,
+            f"The model `{name}` is {model.describe()}: it answers {' and '.join(model.endpoints)}, "
+            f"not {endpoint}",
+            param="model",
+            code="model_not_supported",
+        )
+    return model
 
 
 def _encode_prompts(engine: Engine, request: CompletionRequest) -> list[tuple[list[int], str]]:
@@ -332,21 +409,11 @@ def _encode_prompts(engine: Engine, request: CompletionRequest) -> list[tuple[li
 async def _complete(server: _Server, http: Request) -> Response:
     """``POST /v1/completions``: check, queue, then answer whole or as a stream."""
     _check_api_key(http, server.api_key)
-    try:
-        raw = await _read_body(http, server.limits.max_body_bytes)
-    except ClientDisconnect:
-        return Response(status_code=400)
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError) as e:
-        raise bad_request(
-            f"We could not parse the JSON body of your request ({type(e).__name__}: {str(e)[:200]}). "
-            "The OpenAI API expects a JSON payload"
-        ) from None
-    engine = server.engine
+    body = await _read_json(http, server.limits.max_body_bytes)
+    served = _served(server, body, COMPLETIONS)
+    engine = served.engine
     request = parse_completion_request(body, server.limits, engine.model.config.total_vocab_size)
-    if request.model != server.model_name:
-        raise _model_not_found(request.model)
+    logprobs = LogprobsWriter(engine.tokenizer)
     completion = _Completion(http, request, _encode_prompts(engine, request), server.limits.request_timeout)
     try:
         engine.submit(completion.sequences)
@@ -356,7 +423,7 @@ async def _complete(server: _Server, http: Request) -> Response:
         raise APIError(503, str(e), type="server_error", code="shutting_down") from None
     if request.stream:
         return StreamingResponse(
-            _sse(completion, engine, server.model_name, server.logprobs),
+            _sse(completion, engine, served.name, logprobs),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
@@ -367,17 +434,76 @@ async def _complete(server: _Server, http: Request) -> Response:
             raise _engine_error(choice.error)
     if not all(choice.done for choice in completion.choices):  # the client left: nobody reads this
         return Response(status_code=499)
-    writer = server.logprobs if request.params.logprobs is not None else None
+    writer = logprobs if request.params.logprobs is not None else None
     return JSONResponse(
         completion_body(
             completion.id,
             completion.created,
-            server.model_name,
+            served.name,
             completion.choices,
             completion.prompt_tokens,
             writer,
         )
     )
+
+
+async def _classify(server: _Server, http: Request) -> Response:
+    """``POST /v1/classify``: the task's inputs → labels and probabilities, batched with other requests."""
+    _check_api_key(http, server.api_key)
+    body = await _read_json(http, server.limits.max_body_bytes)
+    served = _served(server, body, CLASSIFY)
+    task = served.task
+    request = parse_classify_request(body, server.limits, task.spec.task)
+    try:
+        examples = task.encode(request.rows)  # the task's own checks and input transformation
+    except DataError as e:
+        raise bad_request(f"'input' {e}", "input") from None
+    records = await _pool(served.batchers[CLASSIFY], examples, server.limits)
+    prompt_tokens = sum(len(sequence) for example in examples for sequence in example.sequences)
+    return JSONResponse(
+        classification_body(
+            f"classify-{uuid.uuid4().hex}", int(time.time()), served.name, records, prompt_tokens
+        )
+    )
+
+
+async def _embed(server: _Server, http: Request) -> Response:
+    """``POST /v1/embeddings``: each input's h_n at its last token (see :mod:`gptkit.serve.models`)."""
+    _check_api_key(http, server.api_key)
+    body = await _read_json(http, server.limits.max_body_bytes)
+    served = _served(server, body, EMBEDDINGS)
+    config = served.gpt.config
+    request = parse_embedding_request(body, server.limits, config.total_vocab_size, config.d_model)
+    sequences = []
+    for index, item in enumerate(request.inputs):
+        ids = served.tokenizer.encode(item) if isinstance(item, str) else item
+        if not ids:
+            raise bad_request(f"'input' item {index} holds no tokens", "input")
+        if len(ids) > served.max_input_tokens:
+            raise bad_request(
+                f"This model's maximum input length is {served.max_input_tokens} tokens, however input "
+                f"{index} has {len(ids)} tokens. Please reduce the length of the input.",
+                "input",
+                "context_length_exceeded",
+            )
+        sequences.append(served.embedding_input(ids))
+    vectors = await _pool(served.batchers[EMBEDDINGS], sequences, server.limits)
+    prompt_tokens = sum(len(sequence) for sequence in sequences)
+    return JSONResponse(embeddings_body(served.name, vectors, prompt_tokens, request.base64))
+
+
+async def _pool(batcher: Batcher, items: list, limits: ServeLimits) -> list:
+    """Run ``items`` in the batcher's next batches; its failures as HTTP errors."""
+    try:
+        return await batcher.submit(items, limits.request_timeout)
+    except QueueFull as e:
+        raise APIError(429, str(e), type="rate_limit_exceeded", code="queue_full") from None
+    except EngineStopped as e:
+        raise APIError(503, str(e), type="server_error", code="shutting_down") from None
+    except asyncio.TimeoutError:
+        raise _engine_error("timeout") from None
+    except BatchFailed:
+        raise APIError(500, "the model failed while running this request", type="server_error") from None
 
 
 def _model_not_found(model: str) -> APIError:

@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Sequence
 
-from gptkit.serve.engine import Engine
+from gptkit.serve.models import ServedModel
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)  # seconds
 
 
 class Metrics:
-    """HTTP requests by endpoint and status, and how long they took; the engine's own counters."""
+    """HTTP requests by endpoint and status, and how long they took; the language models' decoding
+    counters, summed; the classify/embeddings batchers' counters, by model and endpoint."""
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
+    def __init__(self, models: Sequence[ServedModel]):
+        self.engines = [model.engine for model in models if model.engine is not None]
+        # (model, endpoint, its batcher) of the classify and embeddings endpoints
+        self.batchers = [
+            (m.name, endpoint, batcher) for m in models for endpoint, batcher in m.batchers.items()
+        ]
         self._lock = threading.Lock()
         self.requests: Counter[tuple[str, int]] = Counter()
         self.bucket_counts = [0] * len(LATENCY_BUCKETS)
@@ -30,11 +36,13 @@ class Metrics:
                 if seconds <= bound:
                     self.bucket_counts[i] += 1
 
+    def _engines(self, counter: str) -> int:
+        return sum(getattr(engine, counter) for engine in self.engines)
+
     def render(self) -> str:
         with self._lock:
             requests = sorted(self.requests.items())
             buckets, total, count = list(self.bucket_counts), self.latency_sum, self.latency_count
-        engine = self.engine
         lines: list[str] = []
 
         def metric(name: str, kind: str, help: str, samples: list[tuple[str, float]]) -> None:
@@ -61,29 +69,59 @@ class Metrics:
                 "gptkit_generated_tokens_total",
                 "counter",
                 "Completion tokens decoded.",
-                engine.generated_tokens,
+                self._engines("generated_tokens"),
             ),
-            ("gptkit_prompt_tokens_total", "counter", "Prompt tokens read.", engine.prompt_tokens),
+            ("gptkit_prompt_tokens_total", "counter", "Prompt tokens read.", self._engines("prompt_tokens")),
             (
                 "gptkit_sequences_finished_total",
                 "counter",
                 "Sequences that reached a finish (length or stop).",
-                engine.finished_sequences,
+                self._engines("finished_sequences"),
             ),
             (
                 "gptkit_sequences_cancelled_total",
                 "counter",
                 "Sequences stopped because their client went away.",
-                engine.cancelled_sequences,
+                self._engines("cancelled_sequences"),
             ),
-            ("gptkit_engine_steps_total", "counter", "Decoding steps of the running batch.", engine.steps),
+            (
+                "gptkit_engine_steps_total",
+                "counter",
+                "Decoding steps of the running batch.",
+                self._engines("steps"),
+            ),
             (
                 "gptkit_queue_length",
                 "gauge",
                 "Sequences waiting for a row of the batch.",
-                engine.queue_length,
+                self._engines("queue_length"),
             ),
-            ("gptkit_running_sequences", "gauge", "Sequences in the running batch.", engine.batch_size),
+            (
+                "gptkit_running_sequences",
+                "gauge",
+                "Sequences in the running batch.",
+                self._engines("batch_size"),
+            ),
         ):
             metric(name, kind, help, [(name, value)])
+        for name, kind, help, counter in (
+            (
+                "gptkit_pooling_batches_total",
+                "counter",
+                "Forward passes of classify/embeddings batches.",
+                "batches",
+            ),
+            ("gptkit_pooling_inputs_total", "counter", "Classify/embeddings inputs run.", "inputs"),
+            ("gptkit_pooling_queue_length", "gauge", "Classify/embeddings inputs waiting.", "queue_length"),
+        ):
+            samples = [
+                (f'{name}{{model="{_label(model)}",endpoint="{endpoint}"}}', getattr(batcher, counter))
+                for model, endpoint, batcher in self.batchers
+            ]
+            metric(name, kind, help, samples)
         return "\n".join(lines) + "\n"
+
+
+def _label(value: str) -> str:
+    """A label value as the exposition format writes it."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -98,7 +98,7 @@ _TYPE_NAMES = {
 }
 
 
-def _type_name(value: Any) -> str:
+def type_name(value: Any) -> str:
     return _TYPE_NAMES.get(type(value), type(value).__name__)
 
 
@@ -107,7 +107,7 @@ def _integer(body: dict, name: str, default: int | None, low: int | None = None,
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
-        raise bad_request(f"'{name}' must be an integer, got {_type_name(value)}", name)
+        raise bad_request(f"'{name}' must be an integer, got {type_name(value)}", name)
     if (low is not None and value < low) or (high is not None and value > high):
         bounds = f">= {low}" if high is None else f"between {low} and {high}"
         raise bad_request(f"'{name}' must be {bounds}, got {value}", name)
@@ -119,7 +119,7 @@ def _number(body: dict, name: str, default: float | None, check, expected: str) 
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise bad_request(f"'{name}' must be a number, got {_type_name(value)}", name)
+        raise bad_request(f"'{name}' must be a number, got {type_name(value)}", name)
     if not (math.isfinite(value) and check(value)):
         raise bad_request(f"'{name}' must be {expected}, got {value}", name)
     return float(value)
@@ -130,13 +130,13 @@ def _boolean(body: dict, name: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise bad_request(f"'{name}' must be a boolean, got {_type_name(value)}", name)
+        raise bad_request(f"'{name}' must be a boolean, got {type_name(value)}", name)
     return value
 
 
-def _text(value: Any, name: str) -> str:
+def check_text(value: Any, name: str) -> str:
     if not isinstance(value, str):
-        raise bad_request(f"'{name}' must be a string, got {_type_name(value)}", name)
+        raise bad_request(f"'{name}' must be a string, got {type_name(value)}", name)
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as e:
@@ -144,34 +144,35 @@ def _text(value: Any, name: str) -> str:
     return value
 
 
-def _token_ids(value: list, vocab_size: int) -> list[int]:
+def _token_ids(value: list, vocab_size: int, name: str) -> list[int]:
     if not value:
-        raise bad_request("'prompt' has an empty list of token ids", "prompt")
+        raise bad_request(f"'{name}' has an empty list of token ids", name)
     for token in value:
         if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
             raise bad_request(
-                f"'prompt' token ids must be integers in 0..{vocab_size - 1}, got {token!r}", "prompt"
+                f"'{name}' token ids must be integers in 0..{vocab_size - 1}, got {token!r}", name
             )
     return value
 
 
-def _prompts(body: dict, vocab_size: int) -> list[str | list[int]]:
-    prompt = body.get("prompt")
-    if prompt is None:
-        raise bad_request("you must provide a 'prompt' parameter", "prompt")
-    if isinstance(prompt, str):
-        return [_text(prompt, "prompt")]
-    if not isinstance(prompt, list) or not prompt:
+def texts_or_token_ids(body: dict, vocab_size: int, name: str = "prompt") -> list[str | list[int]]:
+    """OpenAI's text inputs (``prompt``, ``input``): a string, strings, token ids or lists of them."""
+    value = body.get(name)
+    if value is None:
+        raise bad_request(f"you must provide {'an' if name[0] in 'aeiou' else 'a'} '{name}' parameter", name)
+    if isinstance(value, str):
+        return [check_text(value, name)]
+    if not isinstance(value, list) or not value:
         raise bad_request(
-            "'prompt' must be a string, a non-empty array of strings, an array of token ids or an "
-            f"array of arrays of token ids, got {_type_name(prompt) if prompt != [] else 'an empty array'}",
-            "prompt",
+            f"'{name}' must be a string, a non-empty array of strings, an array of token ids or an "
+            f"array of arrays of token ids, got {type_name(value) if value != [] else 'an empty array'}",
+            name,
         )
-    if all(isinstance(p, str) for p in prompt):
-        return [_text(p, "prompt") for p in prompt]
-    if all(isinstance(p, list) for p in prompt):
-        return [_token_ids(p, vocab_size) for p in prompt]
-    return [_token_ids(prompt, vocab_size)]
+    if all(isinstance(v, str) for v in value):
+        return [check_text(v, name) for v in value]
+    if all(isinstance(v, list) for v in value):
+        return [_token_ids(v, vocab_size, name) for v in value]
+    return [_token_ids(value, vocab_size, name)]
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -182,7 +183,7 @@ def _stop(body: dict) -> tuple[str, ...]:
     if not isinstance(stops, list) or not 1 <= len(stops) <= MAX_STOP_STRINGS:
         raise bad_request(f"'stop' must be a string or an array of 1 to {MAX_STOP_STRINGS} strings", "stop")
     for s in stops:
-        if not _text(s, "stop"):
+        if not check_text(s, "stop"):
             raise bad_request("'stop' strings must not be empty", "stop")
     return tuple(stops)
 
@@ -198,25 +199,40 @@ def _include_usage(body: dict, stream: bool) -> bool:
     return _boolean(options, "include_usage")
 
 
+def requested_model(body: Any) -> str:
+    """The ``model`` a decoded JSON body names: what every endpoint reads first."""
+    if not isinstance(body, dict):
+        raise bad_request(f"the request body must be a JSON object, got {type_name(body)}")
+    model = body.get("model")
+    if model is None:
+        raise bad_request("you must provide a 'model' parameter", "model")
+    return check_text(model, "model")
+
+
+def check_fields(body: dict, known: set[str]) -> None:
+    """Refuse fields an endpoint does not know, as OpenAI does."""
+    for name in body:
+        if name not in known:
+            raise bad_request(f"Unrecognized request argument supplied: {name}", name, "unknown_parameter")
+
+
+def check_user(body: dict) -> None:
+    """``user`` is accepted (a string) and not used."""
+    if body.get("user") is not None:
+        check_text(body["user"], "user")
+
+
 def parse_completion_request(body: Any, limits: ServeLimits, vocab_size: int) -> CompletionRequest:
     """Check a decoded JSON body; raises :class:`APIError` (400) naming the offending field."""
-    if not isinstance(body, dict):
-        raise bad_request(f"the request body must be a JSON object, got {_type_name(body)}")
-    for name in body:
-        if name not in _FIELDS:
-            raise bad_request(f"Unrecognized request argument supplied: {name}", name, "unknown_parameter")
+    model = requested_model(body)
+    check_fields(body, _FIELDS)
     for name, (neutral, why) in _NEUTRAL_FIELDS.items():
         value = body.get(name)
         if not any(value == v and type(value) is type(v) for v in neutral) and not (
             name == "logit_bias" and value == {}
         ):
             raise bad_request(why, name, "unsupported_parameter")
-    if body.get("user") is not None:
-        _text(body["user"], "user")
-    model = body.get("model")
-    if model is None:
-        raise bad_request("you must provide a 'model' parameter", "model")
-    _text(model, "model")
+    check_user(body)
 
     n = _integer(body, "n", 1, 1, limits.max_n)
     best_of = _integer(body, "best_of", None)
@@ -238,7 +254,7 @@ def parse_completion_request(body: Any, limits: ServeLimits, vocab_size: int) ->
         prompt_logprobs=echo and logprobs is not None,
         stop=_stop(body),
     )
-    prompts = _prompts(body, vocab_size)
+    prompts = texts_or_token_ids(body, vocab_size)
     if len(prompts) * n > limits.max_queue:
         raise bad_request(
             f"{len(prompts)} prompts x n={n} is {len(prompts) * n} sequences; this server queues at most "

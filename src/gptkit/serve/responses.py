@@ -1,7 +1,10 @@
-"""Response bodies of ``/v1/completions`` as OpenAI writes them: whole, or as stream chunks."""
+"""Response bodies: ``/v1/completions`` (whole, or as stream chunks) and ``/v1/embeddings`` as OpenAI
+writes them, ``/v1/classify`` as vLLM does."""
 
 from __future__ import annotations
 
+import base64
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,4 +133,54 @@ def chunk_body(
         "created": created,
         "model": model,
         "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}],
+    }
+
+
+def embeddings_body(
+    model: str, vectors: list[list[float]], prompt_tokens: int, as_base64: bool
+) -> dict[str, Any]:
+    """OpenAI's embeddings list; base64 holds each vector's little-endian float32s."""
+    data = []
+    for index, vector in enumerate(vectors):
+        embedding: list[float] | str = vector
+        if as_base64:
+            embedding = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+        data.append({"object": "embedding", "index": index, "embedding": embedding})
+    return {
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
+
+
+def classification_body(
+    classify_id: str, created: int, model: str, records: list[dict], prompt_tokens: int
+) -> dict[str, Any]:
+    """vLLM's classify response from :meth:`TaskModel.records`: ``label`` (a class name, or the index
+    of the most likely choice), ``probs`` in the head's order. A regression model (STS-B) has no
+    classes: its ``score`` is the prediction, ``label`` null and ``probs`` empty."""
+    data = []
+    for index, record in enumerate(records):
+        if "probabilities" not in record:  # regression
+            data.append(
+                {"index": index, "label": None, "probs": [], "num_classes": 1, "score": record["label"]}
+            )
+            continue
+        probs = list(record["probabilities"].values())
+        data.append(
+            {"index": index, "label": str(record["label"]), "probs": probs, "num_classes": len(probs)}
+        )
+    return {
+        "id": classify_id,
+        "object": "list",
+        "created": created,
+        "model": model,
+        "data": data,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "total_tokens": prompt_tokens,
+            "completion_tokens": 0,
+            "prompt_tokens_details": None,
+        },
     }

@@ -1,4 +1,4 @@
-"""``gptkit serve``: load a model, start the engine and answer HTTP until Ctrl-C or SIGTERM."""
+"""``gptkit serve``: load the models, start their loops and answer HTTP until Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
@@ -6,16 +6,15 @@ import contextlib
 import ipaddress
 import signal
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
-from gptkit.generation import load_for_generation
 from gptkit.serve.config import ServeLimits
-from gptkit.serve.engine import Engine
+from gptkit.serve.models import load_models
 
 
 def run_server(
-    model_dir: str | Path,
+    model_dir: str | Path | Mapping[str, str | Path],
     *,
     tokenizer_dir: str | Path | None = None,
     host: str = "127.0.0.1",
@@ -28,10 +27,15 @@ def run_server(
     limits: ServeLimits | None = None,
     quantize: str = "none",
 ) -> None:
-    """Serve ``model_dir`` with OpenAI's completions protocol on ``host:port`` until a signal.
+    """Serve a model directory, or several as {name: directory}, on ``host:port`` until a signal.
+
+    Language models answer OpenAI's completions protocol, fine-tuned models (written by `gptkit
+    finetune`) vLLM's classify protocol, and every model OpenAI's embeddings. A single directory is
+    named ``model_name``, else after the directory. ``tokenizer_dir`` is for a single language model;
+    ``quantize`` applies to language models.
 
     Ctrl-C or SIGTERM stops taking connections, lets the requests in flight finish (for at most
-    ``request_timeout`` seconds more), then stops the engine, and returns.
+    ``request_timeout`` seconds more), then stops the models' loops, and returns.
     """
     try:
         import uvicorn
@@ -42,14 +46,18 @@ def run_server(
     limits = limits or ServeLimits()
     if not 0 < port < 65536:
         raise ValueError(f"port must be in 1..65535, got {port}")
-    model, tokenizer = load_for_generation(
-        model_dir, tokenizer_dir, dtype=dtype, device=device, verbose=True, quantize=quantize
+    if isinstance(model_dir, Mapping):
+        if model_name is not None:
+            raise ValueError("model_name names a single model: several are named by their keys")
+        directories = dict(model_dir)
+    else:
+        directories = {model_name or Path(model_dir).name or "gptkit": model_dir}
+    if tokenizer_dir is not None and len(directories) > 1:
+        raise ValueError("--tokenizer is for a single model: each of several is served with its own")
+    models = load_models(
+        directories, limits, tokenizer_dir=tokenizer_dir, dtype=dtype, device=device, quantize=quantize
     )
-    name = model_name or Path(model_dir).name or "gptkit"
-    engine = Engine(model, tokenizer, max_batch=limits.max_batch, max_queue=limits.max_queue)
-    app = create_app(
-        engine, model_name=name, limits=limits, api_key=api_key, cors_origins=tuple(cors_origins)
-    )
+    app = create_app(models, limits=limits, api_key=api_key, cors_origins=tuple(cors_origins))
     if not api_key and not _is_loopback(host):
         print(
             f"warning: serving on {host} without an API key: anyone who can reach it may use it",
@@ -62,7 +70,8 @@ def run_server(
         timeout_graceful_shutdown=int(limits.request_timeout) + 5,
         log_level="info",
     )
-    print(f"serving {name!r} on http://{host}:{port}/v1 (Ctrl-C to stop)", file=sys.stderr, flush=True)
+    names = ", ".join(repr(model.name) for model in models)
+    print(f"serving {names} on http://{host}:{port}/v1 (Ctrl-C to stop)", file=sys.stderr, flush=True)
     with _signals_end_quietly():
         uvicorn.Server(config).run()
 
