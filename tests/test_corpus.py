@@ -8,6 +8,7 @@ import gzip
 import json
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ def shard_bytes(out: Path) -> dict[str, bytes]:
 
 
 def prepared(tokenizer: Path, files: list[Path], out: Path, **options) -> dict[str, bytes]:
-    prepare(tokenizer, files, out, val_fraction=0.1, show_progress=False, **options)
+    prepare(tokenizer, files, out, **{"val_fraction": 0.1, "show_progress": False, **options})
     return shard_bytes(out)
 
 
@@ -267,3 +268,78 @@ def test_a_missing_optional_package_names_the_extra(data_dir, tmp_path, monkeypa
             f"gptkit prepare: error: reading {'parquet' if package == 'pyarrow' else '.zst'} files needs the "
             f"{package} package: pip install 'gptkit[corpora]'"
         )
+
+
+def test_errors_strict_replace_and_ignore_on_bytes_that_are_not_utf8(data_dir, tmp_path, capsys):
+    """--errors: strict stops naming file, line and column; replace gives the shards of the text
+    with U+FFFD written in, warning with the count; ignore gives those of the text without the bytes.
+    The references are clean UTF-8 files prepared the ordinary way."""
+    tokenizer = data_dir / "gpt2_bpe"
+    lines = [f"Line {i}: the quick brown fox jumps over the lazy dog.\n".encode() for i in range(40)]
+    lines[6] = b"Line 6: caf\xe9 au lait, and \xff\xfe twice.\n"  # 3 bytes that are not UTF-8, line 7
+    rows = [json.dumps({"text": line.decode()}).encode() + b"\n" for line in lines[:6]]
+    rows.append(b'{"text": "caf\xe9 au lait"}\n')  # line 7 again, column 14
+    cases = {"text.txt": b"".join(lines), "rows.jsonl": b"".join(rows)}
+
+    def cleaned(data: bytes, errors: str) -> bytes:
+        if data.startswith(b"{"):  # JSON lines: the decoded text, escaped again as JSON
+            return b"".join(
+                json.dumps(json.loads(row.decode("utf-8", errors))).encode() + b"\n"
+                for row in data.splitlines()
+            )
+        return data.decode("utf-8", errors).encode()
+
+    for name, data in cases.items():
+        bad = tmp_path / name
+        bad.write_bytes(data)
+        column = 12 if name == "text.txt" else 14
+        code, err = prepare_in_shell(
+            capsys,
+            str(bad),
+            "--tokenizer",
+            str(tokenizer),
+            "--out",
+            str(tmp_path / "strict"),
+            "--errors",
+            "strict",
+        )
+        assert code == 2 and not (tmp_path / "strict").exists()
+        assert f"{bad}, line 7, column {column}: byte 0xe9 is not UTF-8 (--errors strict)" in err, err
+        for errors in ("replace", "ignore"):
+            reference = tmp_path / f"clean-{errors}-{name}"
+            reference.write_bytes(cleaned(data, errors))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                got = prepared(
+                    tokenizer, [bad], tmp_path / f"{errors}-{name}", val_fraction=0.0, errors=errors
+                )
+            said = [str(w.message) for w in caught if name in str(w.message)]
+            if errors == "replace":
+                count = 3 if name == "text.txt" else 1
+                assert said == [
+                    f"{bad}: {count} byte(s) that are not UTF-8 were read as U+FFFD (the first on line 7); "
+                    "--errors strict stops on them, --errors ignore drops them"
+                ]
+            else:
+                assert said == []  # silently
+            assert got == prepared(
+                tokenizer, [reference], tmp_path / f"ref-{errors}-{name}", val_fraction=0.0
+            )
+
+
+def test_binary_files_are_refused_unless_ignore_and_nul_bytes_always(data_dir, tmp_path):
+    tokenizer = data_dir / "gpt2_bpe"
+    latin1 = tmp_path / "latin1.txt"  # every accent a byte that is not UTF-8: 5% of the file
+    latin1.write_bytes("café déjà vu, à bientôt. ".encode("latin-1") * 40)
+    with pytest.raises(ValueError, match=r"latin1.txt: not UTF-8 text .*or pass --errors ignore"):
+        prepare(tokenizer, [latin1], tmp_path / "out", show_progress=False)
+    with pytest.raises(ValueError, match=r"latin1.txt, line 1, column 4: byte 0xe9 is not UTF-8"):
+        prepare(tokenizer, [latin1], tmp_path / "out", show_progress=False, errors="strict")
+    prepare(tokenizer, [latin1], tmp_path / "out", show_progress=False, errors="ignore")  # as asked
+    nul = tmp_path / "nul.txt"
+    nul.write_bytes(b"text with a NUL\x00 in it\n")
+    for errors in ("strict", "replace", "ignore"):
+        with pytest.raises(ValueError, match=r"nul.txt: not a text file \(it holds NUL bytes\)"):
+            prepare(tokenizer, [nul], tmp_path / "out2", show_progress=False, errors=errors)
+    with pytest.raises(ValueError, match=r"errors must be one of strict, replace, ignore, got 'skip'"):
+        prepare(tokenizer, [latin1], tmp_path / "out2", show_progress=False, errors="skip")

@@ -215,3 +215,36 @@ def test_figure2_zeroshot_over_checkpoints(pretrained, data_dir, tmp_path, monke
     # Scores of another sample are not mixed into the same curve.
     with pytest.raises(ValueError, match=r"zeroshot.limit: 8 → 4"):
         zeroshot_curve(dataclasses.replace(config, limit=4))
+
+
+def test_the_suite_holds_its_directory_while_each_task_holds_its_own(tmp_path, monkeypatch):
+    """One suite at a time in a directory; the fine-tuning of each task locks the task's own
+    directory inside it, which does not wait on the suite's lock (another file)."""
+    import os
+
+    from gptkit.io import DirectoryBusy
+    from gptkit.train.rundir import RunDir
+
+    out = tmp_path / "suite"
+    ran = []
+
+    def run_task(task, variant, config, train, out_dir):
+        with pytest.raises(
+            DirectoryBusy, match=rf"is being written by `gptkit suite` \(pid {os.getpid()} on "
+        ):
+            with RunDir(out).writer_lock("suite"):  # a second suite
+                pass
+        with RunDir(out_dir).writer_lock("finetune"):  # the task's own run: taken at once
+            ran.append(out_dir)
+        return {
+            "task": task.name,
+            "variant": variant,
+            "status": "missing data",
+            "missing": ["-"],
+            "advice": "-",
+        }
+
+    monkeypatch.setattr(suite_module, "run_task", run_task)
+    run_suite(SuiteConfig(init=str(tmp_path / "model"), out=str(out), tasks=["rte", "mrpc"]), TRAIN)
+    assert ran == [out / "full" / "rte", out / "full" / "mrpc"]
+    assert (out / ".lock").read_text() == ""  # released: the next suite starts without a word

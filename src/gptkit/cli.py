@@ -211,6 +211,13 @@ class PrepareArgs:
         "1 for byte-level).",
         None,
     )
+    errors: Literal["strict", "replace", "ignore"] = _arg(
+        "Bytes that are not UTF-8 in text and JSON lines: replace reads each as U+FFFD and warns with "
+        "their count; strict stops at the first, naming file, line and column; ignore drops them "
+        "silently. Files with NUL bytes are refused in every mode, and with replace also files whose "
+        "start is more than 1% such bytes (binary files).",
+        "replace",
+    )
 
 
 @dataclass
@@ -436,6 +443,7 @@ def cmd_prepare(args: PrepareArgs) -> None:
             args.out,
             val_fraction=args.val_fraction,
             workers=args.workers,
+            errors=args.errors,
             **field_option,
         )
     counts = meta["counts"]

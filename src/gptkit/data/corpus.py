@@ -11,6 +11,13 @@ Formats, by suffix (a ``.gz``, ``.zst`` or ``.zstd`` suffix after it: compressed
 
 Everything is streamed: memory does not grow with the corpus. A row that cannot be read is a
 DataError naming the file, the line or row (counted from 0) and the field.
+
+Bytes that are not UTF-8 in text and JSON lines are handled as ``errors`` says (``--errors``):
+"replace" (the default) reads each as U+FFFD and warns once per file with their count; "strict"
+stops at the first, naming file, line and column; "ignore" drops them without a word. In every
+mode a file holding NUL bytes is refused (no text holds them), and in "replace" so is a file
+whose start is more than 1% undecodable bytes: both are binary files given by mistake. Tables
+(parquet, arrow) hold text already decoded: ``errors`` does not apply to them.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from gptkit.data.formats import (
     DataError,
@@ -49,6 +57,9 @@ ROW_SUFFIXES = {
 FOLDER_ROW_SUFFIXES = (".jsonl", ".ndjson", ".parquet", ".arrow")
 SNIFF_BYTES = 1 << 16  # the start of a text file that is checked for being text
 MAX_UNDECODABLE = 0.01  # a larger share of bytes that are not UTF-8: not a text file
+
+DecodeErrors = Literal["strict", "replace", "ignore"]
+DECODE_ERRORS: tuple[DecodeErrors, ...] = ("strict", "replace", "ignore")
 
 # A piece of the corpus, in the order its ids are written: (text, split, bytes read, ends a document).
 # A document's end appends the end-of-text separator; an empty text that ends one is the separator alone.
@@ -132,11 +143,12 @@ def folder_files(folder: Path, as_jsonl: bool = False) -> list[Path]:
     return sorted(texts)
 
 
-def check_corpus_file(file: CorpusFile, text_field: str) -> None:
+def check_corpus_file(file: CorpusFile, text_field: str, errors: DecodeErrors = "replace") -> None:
     """Refuse a file that cannot be read before any work: a table without a text column
-    ``text_field``; a text or JSON-lines file that is not text (NUL bytes, or more than 1% of
-    bytes that are not UTF-8, in its first 64 KiB, decompressed) or whose compression is damaged
-    at its start. Warn about an empty file and about bytes that will be replaced."""
+    ``text_field``; a text or JSON-lines file that is not text (NUL bytes; with "replace", more than
+    1% of bytes that are not UTF-8; with "strict", any such byte, named by line and column; in its
+    first 64 KiB, decompressed) or whose compression is damaged at its start. Warn about an empty
+    file."""
     if file.kind in ("parquet", "arrow", "datasets"):
         for part in file.parts():
             check_text_column(part, text_field)
@@ -147,57 +159,103 @@ def check_corpus_file(file: CorpusFile, text_field: str) -> None:
         return
     if b"\0" in sample:
         raise DataError(f"{file.path}: not a text file (it holds NUL bytes): give UTF-8 text or JSON lines")
-    decoded = sample.decode("utf-8", errors="replace")
-    bad = decoded.count("\ufffd") - sample.decode("utf-8", errors="ignore").count("\ufffd")
     if len(sample) == SNIFF_BYTES:  # a character cut at the sample's end is not an error
-        bad = max(bad - 1, 0)
+        sample = sample[: sample.rfind(b"\n") + 1 or len(sample) - 3]  # (UTF-8: 4 bytes at most)
+    if errors == "strict":
+        TextDecoder(file.path, "strict").decode(sample, first_line=1)
+        return
+    if errors == "ignore":
+        return
+    bad = undecodable_bytes(sample)
     if bad > MAX_UNDECODABLE * len(sample):
         raise DataError(
             f"{file.path}: not UTF-8 text ({bad} of its first {len(sample):,} bytes are not UTF-8); "
-            "convert it first (e.g. iconv -f latin1 -t utf-8)"
+            "convert it first (e.g. iconv -f latin1 -t utf-8), or pass --errors ignore to drop them"
         )
-    if bad:
-        warnings.warn(f"{file.path}: {bad} byte(s) that are not UTF-8 will be read as U+FFFD", stacklevel=3)
 
 
-def _decode(lines: list[bytes]) -> str:
-    """UTF-8 text with Windows line ends made plain newlines (invalid bytes become U+FFFD)."""
-    return b"".join(lines).decode("utf-8", errors="replace").replace("\r\n", "\n")
+def undecodable_bytes(data: bytes) -> int:
+    """How many of ``data``'s bytes are not part of a UTF-8 character."""
+    return len(data) - len(data.decode("utf-8", errors="ignore").encode("utf-8"))
 
 
-def _text_blocks(path: Path, val_fraction: float) -> Iterator[tuple[str, str, int]]:
+class TextDecoder:
+    """UTF-8 decoding of one file's lines under ``errors`` (see the module's docstring); counts the
+    bytes replaced or dropped, and the line of the first, for the warning after the file."""
+
+    def __init__(self, path: Path, errors: DecodeErrors):
+        self.path, self.errors = path, errors
+        self.undecodable = 0
+        self.first_line: int | None = None
+
+    def decode(self, data: bytes, first_line: int) -> str:
+        """``data``: whole lines of the file, the first of them line ``first_line`` (from 1)."""
+        try:
+            return data.decode("utf-8")  # the common case, at full speed
+        except UnicodeDecodeError as e:
+            line = first_line + data.count(b"\n", 0, e.start)
+            if self.errors == "strict":
+                column = e.start - data.rfind(b"\n", 0, e.start)  # in bytes, from 1
+                raise DataError(
+                    f"{self.path}, line {line}, column {column}: byte 0x{data[e.start]:02x} is not UTF-8 "
+                    "(--errors strict); convert the file (e.g. iconv -f latin1 -t utf-8), or pass "
+                    "--errors replace or ignore"
+                ) from e
+            if self.first_line is None:
+                self.first_line = line
+            self.undecodable += undecodable_bytes(data)
+            return data.decode("utf-8", errors=self.errors)
+
+    def warn_if_replaced(self) -> None:
+        """With "replace": one warning for the file, with the count and the first line."""
+        if self.errors == "replace" and self.undecodable:
+            warnings.warn(
+                f"{self.path}: {self.undecodable} byte(s) that are not UTF-8 were read as U+FFFD (the "
+                f"first on line {self.first_line}); --errors strict stops on them, --errors ignore drops them",
+                stacklevel=2,
+            )
+
+
+def _text_blocks(path: Path, val_fraction: float, decoder: TextDecoder) -> Iterator[tuple[str, str, int]]:
     """(text, split, bytes read) in blocks of whole lines: the lines after the first
-    (1 - val_fraction) of the file's bytes (decompressed) are "val"."""
+    (1 - val_fraction) of the file's bytes (decompressed) are "val". Windows line ends become
+    plain newlines."""
     boundary = (1.0 - val_fraction) * content_size(path) if val_fraction else float("inf")
     block: list[bytes] = []
     block_bytes, block_read, position, split = 0, 0, 0, "train"
-    for line, read in read_lines(path):
+    first_line = 1  # of the block
+
+    def text() -> str:
+        return decoder.decode(b"".join(block), first_line).replace("\r\n", "\n")
+
+    for line_number, (line, read) in enumerate(read_lines(path), start=1):
         line_split = "val" if position >= boundary else "train"
         if block and (line_split != split or block_bytes >= BLOCK_BYTES):
-            yield _decode(block), split, block_read
-            block, block_bytes, block_read = [], 0, 0
+            yield text(), split, block_read
+            block, block_bytes, block_read, first_line = [], 0, 0, line_number
         split = line_split
         block.append(line)
         block_bytes += len(line)
         block_read += read
         position += len(line)
     if block:
-        yield _decode(block), split, block_read
+        yield text(), split, block_read
 
 
-def _json_documents(path: Path, text_field: str) -> Iterator[tuple[str | None, int]]:
+def _json_documents(path: Path, text_field: str, decoder: TextDecoder) -> Iterator[tuple[str | None, int]]:
     """(text, bytes read) of every line of a JSON-lines file; None for a blank line."""
     for line_number, (line, read) in enumerate(read_lines(path), start=1):
         if not line.strip():
             yield None, read
             continue
         where = f"{path}, line {line_number}"
+        decoded = decoder.decode(line, line_number)
+        if line_number == 1:
+            decoded = decoded.removeprefix("\ufeff")  # a byte-order mark, as json.loads(bytes) allows
         try:
-            record = json.loads(line)
+            record = json.loads(decoded)
         except json.JSONDecodeError as e:
             raise DataError(f"{where}: not valid JSON ({e.msg}, column {e.colno})") from e
-        except UnicodeDecodeError as e:
-            raise DataError(f"{where}: not UTF-8 (invalid byte at column {e.start + 1})") from e
         if not isinstance(record, dict):
             raise DataError(
                 f"{where}: expected a JSON object with field {text_field!r}, found {json_type_name(record)}"
@@ -222,18 +280,23 @@ def _table_documents(file: CorpusFile, text_field: str) -> Iterator[tuple[str | 
                 yield text, read if offset == len(texts) - 1 else 0
 
 
-def read_pieces(files: Sequence[CorpusFile], text_field: str, val_fraction: float) -> Iterator[Piece]:
+def read_pieces(
+    files: Sequence[CorpusFile], text_field: str, val_fraction: float, errors: DecodeErrors = "replace"
+) -> Iterator[Piece]:
     """The pieces of the whole corpus, in order: a plain-text file's blocks then its document end;
-    a row file's documents, each ending itself (an empty one adds nothing, not even a separator)."""
+    a row file's documents, each ending itself (an empty one adds nothing, not even a separator).
+    Bytes that are not UTF-8 are handled as ``errors`` says (see the module's docstring)."""
     every = max(round(1 / val_fraction), 1) if val_fraction else 0
     for file in files:
+        decoder = TextDecoder(file.path, errors)
         if file.kind == "text":
-            for text, split, read in _text_blocks(file.path, val_fraction):
+            for text, split, read in _text_blocks(file.path, val_fraction, decoder):
                 yield text, split, read, False
             yield "", "train", 0, True
+            decoder.warn_if_replaced()
             continue
         if file.kind == "jsonl":
-            documents = _json_documents(file.path, text_field)
+            documents = _json_documents(file.path, text_field, decoder)
         else:
             documents = _table_documents(file, text_field)
         document = 0
@@ -243,3 +306,4 @@ def read_pieces(files: Sequence[CorpusFile], text_field: str, val_fraction: floa
                 continue
             document += 1
             yield text, "val" if every and document % every == 0 else "train", read, bool(text)
+        decoder.warn_if_replaced()

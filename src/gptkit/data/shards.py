@@ -32,7 +32,16 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from gptkit.data.corpus import BLOCK_BYTES, CorpusFile, Piece, check_corpus_file, corpus_files, read_pieces
+from gptkit.data.corpus import (
+    BLOCK_BYTES,
+    DECODE_ERRORS,
+    CorpusFile,
+    DecodeErrors,
+    Piece,
+    check_corpus_file,
+    corpus_files,
+    read_pieces,
+)
 from gptkit.data.sampler import EpochSampler
 from gptkit.io import read_json_object, write_json, writer_lock
 from gptkit.tokenizer import END_OF_TEXT, Tokenizer
@@ -198,6 +207,7 @@ def prepare(
     show_progress: bool = True,
     workers: int | None = None,
     *,
+    errors: DecodeErrors = "replace",
     jsonl_field: str | None = None,
 ) -> dict:
     """Tokenize ``files`` into ``out_dir`` (train.bin, val.bin, meta.json, tokenizer/).
@@ -215,6 +225,11 @@ def prepare(
     faster than handing text to another process: benchmarks/prepare_throughput.py). The shards are
     byte for byte the same for any number of workers.
 
+    Bytes that are not UTF-8 (text and JSON lines) are handled as ``errors`` says: "replace" reads
+    each as U+FFFD and warns with their count per file, "strict" stops at the first naming file,
+    line and column, "ignore" drops them. A file with NUL bytes is refused whatever ``errors`` says,
+    and with "replace" one whose first 64 KiB are more than 1% undecodable (binary files).
+
     Every file is checked before any is read (tables have the text column, text is text); a row
     that cannot be read stops the run with a DataError naming file, line or row, and field.
     Everything is written into a hidden folder beside ``out_dir`` and renamed into place only when
@@ -224,6 +239,8 @@ def prepare(
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     if workers is not None and workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
+    if errors not in DECODE_ERRORS:
+        raise ValueError(f"errors must be one of {', '.join(DECODE_ERRORS)}, got {errors!r}")
     if jsonl_field is not None:
         warnings.warn(
             "prepare(jsonl_field=...) is deprecated: use text_field=..., and name JSON-lines files .jsonl",
@@ -238,7 +255,7 @@ def prepare(
     if not corpus:
         raise ValueError("no corpus files given")
     for file in corpus:
-        check_corpus_file(file, text_field)
+        check_corpus_file(file, text_field, errors)
     tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
     if workers is None:
         workers = default_workers() if tokenizer.style == "gpt1" else 1
@@ -247,11 +264,22 @@ def prepare(
     out_dir = final_dir.parent / f".{final_dir.name}.preparing-{os.getpid()}"
     # One prepare at a time into a folder (the lock file sits beside it: the folder is replaced).
     with writer_lock(final_dir.parent / f".{final_dir.name}.lock", final_dir, "prepare"):
-        shutil.rmtree(out_dir, ignore_errors=True)
+        # Folders of killed runs into the same place (nobody else writes them while the lock is held).
+        for stale in final_dir.parent.glob(f".{final_dir.name}.preparing-*"):
+            print(f"removed {stale}, left by an interrupted prepare", file=sys.stderr)
+            shutil.rmtree(stale, ignore_errors=True)
         out_dir.mkdir()
         try:
             meta = _prepare_into(
-                out_dir, tokenizer, tokenizer_dir, corpus, val_fraction, text_field, show_progress, workers
+                out_dir,
+                tokenizer,
+                tokenizer_dir,
+                corpus,
+                val_fraction,
+                text_field,
+                show_progress,
+                workers,
+                errors,
             )
         except BaseException:
             shutil.rmtree(out_dir, ignore_errors=True)
@@ -298,6 +326,7 @@ def _prepare_into(
     text_field: str,
     show_progress: bool,
     workers: int,
+    errors: DecodeErrors,
 ) -> dict:
     """:func:`prepare`'s work, into the (temporary) ``out_dir``."""
     encoder = _encoder_for(tokenizer)
@@ -308,7 +337,7 @@ def _prepare_into(
     workers = min(workers, -(-total_bytes // BLOCK_BYTES))  # no more workers than blocks of text
     # UTF-8 bytes of the text each split holds (line ends made plain): the denominator of bits per byte.
     text_bytes = {"train": 0, "val": 0}
-    corpus = _counted(read_pieces(files, text_field, val_fraction), text_bytes)
+    corpus = _counted(read_pieces(files, text_field, val_fraction, errors), text_bytes)
     if workers > 1:
         encoded = _encoded_in_pool(corpus, encoder, str(Path(tokenizer_dir).resolve()), workers)
     else:

@@ -24,6 +24,7 @@ from gptkit.model import GPT
 from gptkit.paper.scores import TASKS
 from gptkit.paper.suite import SuiteConfig, check_settings, run_task, settings_of, train_settings
 from gptkit.train.finetune import FinetuneTrainConfig
+from gptkit.train.rundir import RunDir
 
 Heuristic = Literal["sentiment", "multiple_choice", "acceptability", "question_answering"]
 
@@ -84,13 +85,18 @@ class TransferConfig:
 
 def transfer_curve(config: TransferConfig, train: FinetuneTrainConfig) -> dict:
     """Fine-tune with K = each of ``layers`` transferred blocks; writes layers.{json,md,png} in ``out``."""
+    out = Path(config.out)
+    with RunDir(out).writer_lock("figure2 layers"):  # one writer of the curve (its tasks lock their own)
+        return _transfer_curve(config, train, out)
+
+
+def _transfer_curve(config: TransferConfig, train: FinetuneTrainConfig, out: Path) -> dict:
+    """:func:`transfer_curve`'s work, while ``out`` is held."""
     n_layer = GPT.from_pretrained(config.init).config.n_layer
     layers = config.layers if config.layers is not None else list(range(n_layer + 1))
     bad = [k for k in layers if not 0 <= k <= n_layer]
     if bad:
         raise ValueError(f"--layers: {bad} outside 0..{n_layer} (the model has {n_layer} blocks)")
-    out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
     # Which points and where they run are not settings: more block counts may be added to a curve.
     check_settings(
         out, {"layers": settings_of(config, "layers", "out", "device"), "train": train_settings(train)}
@@ -174,7 +180,12 @@ class ZeroshotCurveConfig:
 def zeroshot_curve(config: ZeroshotCurveConfig) -> dict:
     """Score every checkpoint (and update 0); writes zeroshot.{json,md,png} in ``out``."""
     out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
+    with RunDir(out).writer_lock("figure2 zeroshot"):  # one writer of the curve
+        return _zeroshot_curve(config, out)
+
+
+def _zeroshot_curve(config: ZeroshotCurveConfig, out: Path) -> dict:
+    """:func:`zeroshot_curve`'s work, while ``out`` is held."""
     # Scores kept from an earlier call are reused: only with the same run, data and sample.
     check_settings(out, {"zeroshot": settings_of(config, "heuristics", "out", "device")})  # more may be added
     report_path = out / "zeroshot.json"

@@ -248,20 +248,24 @@ def run_suite(config: SuiteConfig, train: FinetuneTrainConfig) -> dict[str, dict
         # suite; a task's own fine-tuning (gptkit finetune) is what takes torchrun.
         raise ValueError("gptkit suite runs in one process: start it without torchrun")
     out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
-    check_settings(out, _settings(config, train))
-    results: dict[str, dict[str, dict]] = {}
-    previous = out / "results.json"
-    if previous.exists():  # tasks run by earlier invocations stay in the report
-        results = read_json(previous).get("results", {})
-    for variant in config.variants:
-        for name in config.tasks:
-            print(f"\n=== {variant}: {name}", flush=True)
-            result = run_task(TASKS[name], variant, config, train, out / variant / name)
-            results.setdefault(variant, {})[name] = result
-            if result["status"] != "done":
-                print(f"    skipped: {result['status']} ({', '.join(result['missing'])}); {result['advice']}")
-            write_reports(out, results, config)
+    # One suite at a time in a directory: two would clear and rewrite each other's tasks and reports.
+    # Each task's fine-tuning holds its own directory's lock too (a different file: no deadlock).
+    with RunDir(out).writer_lock("suite"):
+        check_settings(out, _settings(config, train))
+        results: dict[str, dict[str, dict]] = {}
+        previous = out / "results.json"
+        if previous.exists():  # tasks run by earlier invocations stay in the report
+            results = read_json(previous).get("results", {})
+        for variant in config.variants:
+            for name in config.tasks:
+                print(f"\n=== {variant}: {name}", flush=True)
+                result = run_task(TASKS[name], variant, config, train, out / variant / name)
+                results.setdefault(variant, {})[name] = result
+                if result["status"] != "done":
+                    print(
+                        f"    skipped: {result['status']} ({', '.join(result['missing'])}); {result['advice']}"
+                    )
+                write_reports(out, results, config)
     return results
 
 

@@ -211,6 +211,8 @@ class Trainer:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             for path in self.run_dir.sweep_debris():
                 print(f"removed {path.name}, left by an interrupted write", flush=True)
+            if self.step == 0:  # records of a run that stopped before its first checkpoint go
+                self.metrics.truncate(0)
             self._write_run_config()
         budget = None
         if config.time_budget_seconds is not None and not self.plan:  # a resumed plan stands

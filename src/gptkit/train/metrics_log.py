@@ -44,7 +44,7 @@ class MetricsLogger:
 
     def truncate(self, step: int) -> None:
         """On resume, forget records past the checkpoint: they will be written again."""
-        if not self.enabled:
+        if not self.enabled or not self.run_dir.metrics.exists():
             return
         kept = [r for r in self.records() if r["step"] <= step]
         text = "".join(json.dumps(r) + "\n" for r in kept)

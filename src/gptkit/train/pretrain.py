@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch.nn as nn
 from gptkit.config import config_error
 from gptkit.data.shards import TokenShard, WindowSampler, check_shard_tokenizer, eval_windows
 from gptkit.hardware import DEVICE_HELP
+from gptkit.io import atomic_write
 from gptkit.model.weights import CONFIG_NAME, SAFETENSORS_NAME, read_state_dict, save_state_dict
 from gptkit.tokenizer import Tokenizer
 from gptkit.train.config import TrainConfig
@@ -92,9 +92,8 @@ def export_latest(trainer: Trainer) -> None:
     if latest is None or not trainer.ctx.is_main:
         return
     for name in (SAFETENSORS_NAME, CONFIG_NAME):
-        tmp = trainer.run_dir.staging(trainer.out_dir / name)
-        shutil.copyfile(latest / name, tmp)
-        os.replace(tmp, trainer.out_dir / name)
+        # Through a temporary file, removed if the copy fails (a full disk leaves no debris).
+        atomic_write(trainer.out_dir / name, lambda tmp, name=name: shutil.copyfile(latest / name, tmp))
 
 
 def pretrain(config: PretrainConfig, train: TrainConfig) -> dict[str, float]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,11 +136,20 @@ def hold_run_dir(out_dir: Path, resume: bool, command: str) -> Iterator[None]:
 
 
 def resume_latest(trainer: Trainer, load_model_state: Callable[[Path], dict[str, torch.Tensor]]) -> None:
-    """Continue ``trainer``'s run from its newest complete checkpoint."""
+    """Continue ``trainer``'s run from its newest complete checkpoint; a run that stopped before its
+    first checkpoint starts again from update 0 (the same run: its seeds decide everything)."""
     checkpoint = trainer.latest_checkpoint()
-    if checkpoint is None:
+    if checkpoint is not None:
+        trainer.resume(checkpoint, load_model_state)
+        return
+    if not trainer.run_dir.run_config.exists():  # no run started here: a mistyped --out, say
         raise FileNotFoundError(f"--resume: no checkpoint in {trainer.run_dir.checkpoints}")
-    trainer.resume(checkpoint, load_model_state)
+    if trainer.ctx.is_main:
+        print(
+            f"--resume: {trainer.run_dir.root} holds no checkpoint yet (its run stopped before the first): "
+            "starting it again from update 0",
+            file=sys.stderr,
+        )
 
 
 def run_config(stage: str, config: object, train: object, model: GPTConfig, **extra: Any) -> dict[str, Any]:
