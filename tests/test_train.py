@@ -639,7 +639,8 @@ def test_a_second_writer_is_refused_and_a_dead_writers_lock_is_taken_over(shards
     assert (out / ".lock").read_text() == ""  # released cleanly: nothing for the next writer to report
 
 
-@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT"])
+# SIGTERM (exit 143) is stopped at points hypothesis draws in tests/test_faults.py; Ctrl-C here.
+@pytest.mark.parametrize("signum", ["SIGINT"])
 def test_a_signal_mid_run_then_resume_gives_the_uninterrupted_weights_bit_for_bit(shards, tmp_path, signum):
     """A signal lands wherever the run is (mid-update, most often): the update in flight finishes,
     a checkpoint is saved, the process exits 128 + the signal's number, and --resume ends on the same
