@@ -139,6 +139,8 @@ def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
         data_dir,
         "--limit",
         "20",
+        "--dtype",
+        "float32",  # the hand computation below is fp32; a CPU with fast bf16 would pick bf16
     )
     assert result.returncode == 0, result.stderr
     # The heuristic by hand (§5): after "<sentence> very", is "positive" likelier than "negative"?
@@ -151,15 +153,17 @@ def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
         return sum(float(logp[len(prefix) - 1 + i, t]) for i, t in enumerate(word))
 
     examples = read_dataset("sst2", "dev", data_dir)[:20]
-    right = 0
+    right = near_ties = 0
     for e in examples:
         prefix = tokenizer.encode(e.fields["text"] + " very")
-        positive = logprob(prefix, tokenizer.encode("positive")) > logprob(
-            prefix, tokenizer.encode("negative")
-        )
-        right += positive == (e.label == "1")
+        margin = logprob(prefix, tokenizer.encode("positive")) - logprob(prefix, tokenizer.encode("negative"))
+        right += (margin > 0) == (e.label == "1")
+        # The tiny model barely tells the words apart: a margin within float rounding of batched
+        # scoring may fall either way, so it may move the count by one.
+        near_ties += abs(margin) < 1e-4
     report = json.loads(result.stdout)
-    assert report["examples"] == 20 and report["accuracy"] == pytest.approx(right / 20)
+    assert report["examples"] == 20
+    assert abs(report["accuracy"] * 20 - right) <= near_ties + 1e-6
     result = gptkit(
         "zeroshot",
         "--model",
@@ -191,6 +195,8 @@ def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
         "8",
         "--new-tokens",
         "8",
+        "--dtype",
+        "float32",  # its reference NLL is checked against the fp32 hand computation
     )
     assert result.returncode == 0, result.stderr
     tradeoff = json.loads((tmp_path / "tradeoff.json").read_text())
