@@ -10,6 +10,8 @@ import torch
 
 # The project's data lives in ../shared/data beside the checkout; GPTKIT_DATA overrides it.
 DATA_DIR = Path(os.environ.get("GPTKIT_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+# Throwaway runs need no fsync (about 10 ms a file); tests/test_io.py checks the durable path.
+os.environ.setdefault("GPTKIT_FSYNC", "0")
 
 
 @pytest.fixture(scope="session")

@@ -562,6 +562,11 @@ def test_resume_skips_a_damaged_latest_checkpoint_for_the_newest_intact_one(shar
     with pytest.warns(UserWarning, match=r"step-0000008 \(no train_state.pt\); resuming from step-0000006"):
         again.resume(again.latest_checkpoint(), read_state_dict)
     assert again.step == 6
+    # The pointer itself cut to nothing (a power loss before it reached the disk): the newest
+    # intact checkpoint, with a warning naming the pointer.
+    (checkpoints / "latest.json").write_text("")
+    with pytest.warns(UserWarning, match=r"latest.json \(.*latest.json: not valid JSON: the file is empty\)"):
+        assert again.latest_checkpoint().name == "step-0000006"
 
 
 def test_a_full_disk_names_the_checkpoint_and_leaves_no_debris(shards, tmp_path):

@@ -30,18 +30,43 @@ except ImportError:  # Windows: no advisory locks
 
 
 def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
-    """Call ``write(tmp_path)``, then rename the file into place: a crash never leaves half a file."""
+    """Call ``write(tmp_path)``, then rename the file into place: a crash never leaves half a file.
+
+    The file and the rename are ``fsync``ed (about 10 ms a file on a local disk); ``GPTKIT_FSYNC=0``
+    skips that for throwaway runs (the test suite), which then survive a crash but not a power cut."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
         write(tmp)
+        # Flushed before the rename, and the rename flushed after it: after a power loss the path
+        # holds the old file or the new one, never a zero-length file (ext4's delayed allocation).
+        durable = os.environ.get("GPTKIT_FSYNC", "1") != "0"
+        if durable:
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
+        if durable:
+            _fsync_directory(path.parent)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (where the OS allows opening a directory)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # e.g. Windows
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on a directory
+        pass
+    finally:
+        os.close(fd)
 
 
 def write_json(path: str | Path, data: Any) -> None:

@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from gptkit.io import file_sha256, read_json, read_train_state, write_json
 from gptkit.train.distributed import DistributedContext, full_state_dicts, load_full_state_dicts
-from gptkit.train.rundir import TRAIN_STATE, RunDir
+from gptkit.train.rundir import LATEST, TRAIN_STATE, RunDir
 
 SaveModel = Callable[[Path, dict[str, torch.Tensor]], None]
 
@@ -102,12 +102,16 @@ class Checkpointer:
     def latest(self) -> Path | None:
         """The newest checkpoint that is whole: the one ``latest.json`` names if its files match its
         manifest, else the newest older one that does (with a warning naming what was skipped)."""
-        named = self.run_dir.latest_checkpoint()
         candidates = self.run_dir.completed_checkpoints()[::-1]
         skipped = []
+        try:
+            named = self.run_dir.latest_checkpoint()
+        except ValueError as e:  # the pointer itself is damaged (power loss before it reached the disk)
+            named = None
+            skipped.append(f"{LATEST} ({e})")
         if named is not None:
             candidates = [named] + [c for c in candidates if c != named and c.name < named.name]
-        elif self.run_dir.latest_pointer.exists():  # it names a folder without its training state
+        elif self.run_dir.latest_pointer.exists() and not skipped:  # it names a folder without its state
             skipped.append(f"{read_json(self.run_dir.latest_pointer).get('path')} (no {TRAIN_STATE})")
         for checkpoint in candidates:
             problem = verify_manifest(checkpoint)
@@ -125,7 +129,10 @@ class Checkpointer:
 
     def holds(self, step: int) -> bool:
         """Whether the newest checkpoint is of ``step`` (nothing new to save)."""
-        return self.run_dir.latest_checkpoint() is not None and self.run_dir.latest_step() == step
+        try:
+            return self.run_dir.latest_checkpoint() is not None and self.run_dir.latest_step() == step
+        except ValueError:  # a damaged pointer: the save about to happen rewrites it
+            return False
 
     def load(
         self,

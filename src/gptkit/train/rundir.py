@@ -22,7 +22,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptkit.io import DirectoryBusy, read_json, writer_lock
+from gptkit.io import DirectoryBusy, read_json, read_json_object, writer_lock
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest.json"
@@ -94,7 +94,7 @@ class RunDir:
         """The newest complete checkpoint that ``latest.json`` names, or None."""
         if not self.latest_pointer.exists():
             return None
-        name = read_json(self.latest_pointer).get("path")
+        name = read_json_object(self.latest_pointer).get("path")
         if not isinstance(name, str):
             raise ValueError(
                 f"{self.latest_pointer}: no 'path' naming the latest step-* checkpoint; fix or delete it"
@@ -105,7 +105,10 @@ class RunDir:
     def latest_step(self) -> int | None:
         if not self.latest_pointer.exists():
             return None
-        return int(read_json(self.latest_pointer)["step"])
+        step = read_json_object(self.latest_pointer).get("step")
+        if not isinstance(step, int):
+            raise ValueError(f"{self.latest_pointer}: no integer 'step'; fix or delete it")
+        return step
 
     def resolved_max_steps(self) -> int:
         """The updates the run planned (after a time budget's plan), from ``run_config.json``."""
