@@ -52,12 +52,29 @@ def _help(f: dataclasses.Field, default: Any) -> str:
     return f"{text} (default: {shown})"
 
 
+class _DeprecatedFlag(argparse.Action):
+    """An old spelling of a flag, kept for scripts: it says so on stderr, then sets the new one."""
+
+    def __init__(self, option_strings, dest, new_flag: str, **options):
+        super().__init__(option_strings, dest, **options)
+        self.new_flag = new_flag
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{option_string} is deprecated: use {self.new_flag}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
-    """One flag per field of ``cls`` (positional where the field's metadata says so)."""
+    """One flag per field of ``cls`` (positional where the field's metadata says so); a field that is
+    itself a config (``ServeConfig.limits``) contributes its fields' flags. Names in a field's
+    ``deprecated`` metadata are old flags that still set it, with a warning."""
     hints = typing.get_type_hints(cls)
     group = parser.add_argument_group(cls.__name__, (cls.__doc__ or "").split("\n\n")[0])
     for f in dataclasses.fields(cls):
         if f.name in skip:
+            continue
+        if dataclasses.is_dataclass(hints[f.name]):
+            add_dataclass_arguments(parser, hints[f.name])
             continue
         kind, choices, is_list = _base_type(hints[f.name])
         default = f.default
@@ -80,18 +97,25 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[st
             if not required:
                 options["nargs"] = "?" if not is_list else "*"
             group.add_argument(f.name, **options)
-        else:
-            group.add_argument(_flag(f.name), required=required, **options)
+            continue
+        group.add_argument(_flag(f.name), required=required, **options)
+        for old in f.metadata.get("deprecated", ()):
+            hidden = {**options, "help": argparse.SUPPRESS, "action": _DeprecatedFlag}
+            group.add_argument(_flag(old), dest=f.name, new_flag=_flag(f.name), **hidden)
 
 
 def dataclass_from_args(cls, args: argparse.Namespace, file_values: dict[str, Any] | None = None):
     """Defaults, then values from the config file, then explicit flags."""
     values = dict(file_values or {})
+    hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
     if unknown:
         raise SystemExit(f"config file: unknown field(s) for {cls.__name__}: {', '.join(unknown)}")
     for name in names:
+        if dataclasses.is_dataclass(hints[name]):
+            values[name] = dataclass_from_args(hints[name], args)
+            continue
         value = getattr(args, name, None)
         if value is not None:
             values[name] = value
@@ -278,42 +302,6 @@ class GenerateArgs(InferenceArgs):
     num_samples: int = _arg("Samples per prompt.", 1)
     seed: int | None = _arg("Random seed, for reproducible samples.", None)
     raw: bool = _arg("Print GPT-1's raw token text (`did n't`) instead of text as written.", False)
-
-
-@dataclass
-class ServeArgs(InferenceArgs):
-    """Serve models over HTTP: OpenAI's completions (continuous batching) and embeddings, vLLM's classify."""
-
-    model: list[str] = _arg(
-        "Model directory (HF, gptkit, converted GPT-1 release, or one written by `gptkit finetune`) or "
-        "hub name; NAME=DIR names it in the API. Repeat to serve several models.",
-        repeat=True,
-        metavar="[NAME=]DIR",
-    )
-    tokenizer: str | None = _arg(
-        "Tokenizer directory of a single language model (default: its directory).", None
-    )
-    host: str = _arg("Address to listen on; 127.0.0.1 takes connections from this machine only.", "127.0.0.1")
-    port: int = _arg("TCP port.", 8000)
-    api_key: str | None = _arg(
-        "Clients must send 'Authorization: Bearer KEY' (default: $GPTKIT_API_KEY; unset: no key).", None
-    )
-    max_batch: int = _arg("Sequences decoded together; inputs of one classify/embeddings forward.", 16)
-    max_queue: int = _arg(
-        "Sequences (and, apart, classify/embeddings inputs) waiting; past it requests get HTTP 429.", 64
-    )
-    max_tokens_limit: int = _arg("The largest max_tokens a request may ask for.", 512)
-    max_body_bytes: int = _arg("Larger request bodies get HTTP 413.", 1_000_000)
-    request_timeout: float = _arg("Seconds a request may wait and generate, in all.", 120.0)
-    batch_wait_ms: float = _arg(
-        "Milliseconds a classify/embeddings batch waits to fill once its first input has arrived.", 5.0
-    )
-    cors_origin: list[str] | None = _arg(
-        "Allow browser pages from these origins (default: none, CORS off).", None, metavar="ORIGIN"
-    )
-    model_name: str | None = _arg(
-        "The name in the API of a single model given as a bare DIR (default: the directory's name).", None
-    )
 
 
 @dataclass
@@ -530,32 +518,10 @@ def cmd_generate(args: GenerateArgs) -> None:
         run(args.prompt)
 
 
-def cmd_serve(args: ServeArgs) -> None:
-    import os
+def cmd_serve(config) -> None:
+    from gptkit.serve import run_server
 
-    from gptkit.serve import ServeLimits, run_server
-    from gptkit.serve.models import name_models
-
-    limits = ServeLimits(
-        max_batch=args.max_batch,
-        max_queue=args.max_queue,
-        max_tokens_limit=args.max_tokens_limit,
-        max_body_bytes=args.max_body_bytes,
-        request_timeout=args.request_timeout,
-        batch_wait_ms=args.batch_wait_ms,
-    )
-    run_server(
-        name_models(args.model, args.model_name),
-        tokenizer_dir=args.tokenizer,
-        host=args.host,
-        port=args.port,
-        api_key=args.api_key or os.environ.get("GPTKIT_API_KEY") or None,
-        cors_origins=args.cors_origin or (),
-        dtype=args.dtype,
-        device=args.device,
-        limits=limits,
-        quantize=args.quantize,
-    )
+    run_server(config)
 
 
 def cmd_perplexity(args: PerplexityArgs) -> None:
@@ -687,6 +653,7 @@ def _commands() -> list[Command]:
     from gptkit.export import ExportConfig
     from gptkit.paper.figures import TransferConfig, ZeroshotCurveConfig
     from gptkit.paper.suite import SuiteConfig
+    from gptkit.serve.config import ServeConfig
     from gptkit.train.config import TrainConfig
     from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig
     from gptkit.train.pretrain import PretrainConfig
@@ -714,7 +681,7 @@ def _commands() -> list[Command]:
         Command("evaluate", (LabelledDataArgs,), cmd_evaluate),
         Command("predict", (PredictArgs,), cmd_predict),
         Command("generate", (GenerateArgs,), cmd_generate),
-        Command("serve", (ServeArgs,), cmd_serve),
+        Command("serve", (ServeConfig,), cmd_serve),
         Command("perplexity", (PerplexityArgs,), cmd_perplexity),
         Command("zeroshot", (ZeroshotArgs,), cmd_zeroshot),
         Command("analyze tradeoff", (TradeoffArgs,), cmd_tradeoff),
