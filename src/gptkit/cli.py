@@ -582,11 +582,12 @@ def cmd_tradeoff(args: TradeoffArgs) -> None:
 
 
 def cmd_data_fetch(args: DataFetchArgs) -> None:
-    from gptkit.data.fetch import DEMO, SOURCES, fetch
+    from gptkit.data.fetch import DEMO, fetch
+    from gptkit.data.readers import REGISTRY
 
-    names = list(SOURCES) if args.all else list(DEMO) if args.demo else list(args.names or [])
+    names = list(REGISTRY) if args.all else list(DEMO) if args.demo else list(args.names or [])
     if not names:
-        raise ValueError(f"name datasets to fetch ({', '.join(SOURCES)}), or --demo, or --all")
+        raise ValueError(f"name datasets to fetch ({', '.join(REGISTRY)}), or --demo, or --all")
     written = fetch(names, args.out, mirror=args.mirror)
     print(f"{len(written)} file(s) written to {args.out}")
 
