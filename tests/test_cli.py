@@ -80,7 +80,7 @@ def test_generate_prints_the_models_continuation_and_reads_prompts_from_stdin(de
     from gptkit.generation import generate, load_for_generation
 
     # The command's text is the model's seeded sample, decoded from the ids generate() returns.
-    args = ("--model", demo / "pretrain", "--max-new-tokens", "8", "--seed", "1", "--dtype", "float32")
+    args = ("--model", demo / "pretrain", "--max-tokens", "8", "--seed", "1", "--dtype", "float32")
     result = gptkit("generate", *args, "--prompt", "Alice was")
     assert result.returncode == 0, result.stderr
     model, tokenizer = load_for_generation(demo / "pretrain", dtype="float32")
@@ -106,6 +106,7 @@ def test_generate_prints_the_models_continuation_and_reads_prompts_from_stdin(de
     lines = result.stdout.splitlines()
     assert result.returncode == 0 and lines[0].startswith("one") and lines[1].startswith("two")
     assert "--greedy is deprecated: use --temperature 0" in result.stderr
+    assert "--max-new-tokens is deprecated: use --max-tokens" in result.stderr  # the old spelling still works
 
 
 def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
@@ -193,7 +194,7 @@ def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
         "3",
         "--prompt-tokens",
         "8",
-        "--new-tokens",
+        "--max-tokens",
         "8",
         "--dtype",
         "float32",  # its reference NLL is checked against the fp32 hand computation

@@ -22,6 +22,7 @@ import urllib.request
 import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO
 
@@ -194,3 +195,34 @@ def fetch(names: list[str], out_dir: str | Path, mirror: str | Path | None = Non
         if isinstance(REGISTRY[name].source, Archive):
             written += _fetch_archive(name, REGISTRY[name], out_dir, mirror)
     return written
+
+
+@dataclass
+class FetchConfig:
+    """Fetch sample datasets from their public sources (or copy them from a local mirror)."""
+
+    names: list[str] | None = field(
+        default=None,
+        metadata={"help": "Datasets: gpt1_bpe, gpt2_bpe, gutenberg, sst2, rte, ...", "positional": True},
+    )
+    demo: bool = field(default=False, metadata={"help": "What `make demo` needs."})
+    all: bool = field(
+        default=False,
+        metadata={"help": "Every dataset (with the six archives of the paper's tasks, about 400 MB)."},
+    )
+    out: str = field(default="data", metadata={"help": "Where to write them."})
+    mirror: str | None = field(
+        default=None, metadata={"help": "Copy from this local directory instead of downloading."}
+    )
+
+    def chosen(self) -> list[str]:
+        """The datasets named, or those of --demo or --all."""
+        names = list(REGISTRY) if self.all else list(DEMO) if self.demo else list(self.names or [])
+        if not names:
+            raise ValueError(f"name datasets to fetch ({', '.join(REGISTRY)}), or --demo, or --all")
+        return names
+
+
+def fetch_datasets(config: FetchConfig) -> list[Path]:
+    """:func:`fetch` of the config's datasets."""
+    return fetch(config.chosen(), config.out, mirror=config.mirror)
