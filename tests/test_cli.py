@@ -348,3 +348,20 @@ def test_prepare_command_writes_the_shards_prepare_writes(data_dir, tmp_path):
         f"{json.loads((tmp_path / 'lib' / 'meta.json').read_text())['counts']['train']:,} training"
         in result.stdout
     )
+
+
+def test_flags_come_from_the_library_configs_nested_and_deprecated(capsys):
+    from gptkit.cli import _build_configs, build_parser
+    from gptkit.serve.config import ServeConfig, ServeLimits
+
+    parser = build_parser()
+    args = parser.parse_args(
+        ["serve", "--model", "lm=a", "--max-batch", "3", "--batch-wait-ms", "7", "--port", "9"]
+    )
+    (config,) = _build_configs(args.command_spec, args)
+    # The limits' flags fill the ServeLimits inside ServeConfig; the rest keep ServeLimits' own defaults.
+    assert config == ServeConfig(model=["lm=a"], port=9, limits=ServeLimits(max_batch=3, batch_wait_ms=7.0))
+    assert config.limits.max_queue == ServeLimits().max_queue == 64
+    args = parser.parse_args(["generate", "--model", "m", "--max-new-tokens", "5"])
+    assert _build_configs(args.command_spec, args)[0].max_tokens == 5
+    assert capsys.readouterr().err == "--max-new-tokens is deprecated: use --max-tokens\n"
