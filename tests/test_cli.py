@@ -80,7 +80,7 @@ def test_generate_prints_the_models_continuation_and_reads_prompts_from_stdin(de
     from gptkit.generation import generate, load_for_generation
 
     # The command's text is the model's seeded sample, decoded from the ids generate() returns.
-    args = ("--model", demo / "pretrain", "--max-new-tokens", "8", "--seed", "1", "--dtype", "float32")
+    args = ("--model", demo / "pretrain", "--max-tokens", "8", "--seed", "1", "--dtype", "float32")
     result = gptkit("generate", *args, "--prompt", "Alice was")
     assert result.returncode == 0, result.stderr
     model, tokenizer = load_for_generation(demo / "pretrain", dtype="float32")
@@ -106,6 +106,7 @@ def test_generate_prints_the_models_continuation_and_reads_prompts_from_stdin(de
     lines = result.stdout.splitlines()
     assert result.returncode == 0 and lines[0].startswith("one") and lines[1].startswith("two")
     assert "--greedy is deprecated: use --temperature 0" in result.stderr
+    assert "--max-new-tokens is deprecated: use --max-tokens" in result.stderr  # the old spelling still works
 
 
 def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
@@ -193,7 +194,7 @@ def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
         "3",
         "--prompt-tokens",
         "8",
-        "--new-tokens",
+        "--max-tokens",
         "8",
         "--dtype",
         "float32",  # its reference NLL is checked against the fp32 hand computation
@@ -347,3 +348,20 @@ def test_prepare_command_writes_the_shards_prepare_writes(data_dir, tmp_path):
         f"{json.loads((tmp_path / 'lib' / 'meta.json').read_text())['counts']['train']:,} training"
         in result.stdout
     )
+
+
+def test_flags_come_from_the_library_configs_nested_and_deprecated(capsys):
+    from gptkit.cli import _build_configs, build_parser
+    from gptkit.serve.config import ServeConfig, ServeLimits
+
+    parser = build_parser()
+    args = parser.parse_args(
+        ["serve", "--model", "lm=a", "--max-batch", "3", "--batch-wait-ms", "7", "--port", "9"]
+    )
+    (config,) = _build_configs(args.command_spec, args)
+    # The limits' flags fill the ServeLimits inside ServeConfig; the rest keep ServeLimits' own defaults.
+    assert config == ServeConfig(model=["lm=a"], port=9, limits=ServeLimits(max_batch=3, batch_wait_ms=7.0))
+    assert config.limits.max_queue == ServeLimits().max_queue == 64
+    args = parser.parse_args(["generate", "--model", "m", "--max-new-tokens", "5"])
+    assert _build_configs(args.command_spec, args)[0].max_tokens == 5
+    assert capsys.readouterr().err == "--max-new-tokens is deprecated: use --max-tokens\n"

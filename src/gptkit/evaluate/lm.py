@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ import torch
 
 from gptkit.data.metrics import accuracy, matthews_corrcoef
 from gptkit.data.shards import TokenShard
+from gptkit.generation.text import InferenceConfig
 from gptkit.model import GPT
 
 # Batches of (prefix, continuation) pairs are right-padded to a multiple of this many tokens: a few
@@ -92,6 +94,28 @@ def perplexity(
             count += picked.numel()
     mean = nll / count
     return {"tokens": count, "nll": mean, "perplexity": math.exp(min(mean, 50.0))}
+
+
+@dataclass
+class PerplexityConfig(InferenceConfig):
+    """Perplexity of a text file under a model (strided sliding window)."""
+
+    file: str = field(metadata={"help": "Text file to score.", "positional": True})
+    model: str = field(metadata={"help": "Model directory or hub name."})
+    tokenizer: str | None = field(
+        default=None, metadata={"help": "Tokenizer directory (default: the model directory)."}
+    )
+    stride: int | None = field(default=None, metadata={"help": "Window step (default: half the context)."})
+
+
+def perplexity_of_file(config: PerplexityConfig) -> dict:
+    """:func:`perplexity` of ``config.file``, with its bits per byte."""
+    model, tokenizer = config.load(config.model, config.tokenizer, decoding=False)
+    text = Path(config.file).read_text(encoding="utf-8")
+    result = perplexity(model, tokenizer.encode(text), stride=config.stride)
+    # Over the text's bytes: comparable with models of other tokenizers (the first token is unscored).
+    result["bits_per_byte"] = bits_per_byte(result["nll"], result["tokens"], len(text.encode("utf-8")))
+    return {"file": config.file, **result}
 
 
 def bits_per_byte(nll: float, tokens: int, text_bytes: int) -> float:

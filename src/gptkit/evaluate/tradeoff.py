@@ -21,13 +21,14 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from gptkit.evaluate.lm import continuation_logprob
 from gptkit.generation import SamplingParams, generate
+from gptkit.generation.text import InferenceConfig
 from gptkit.model import GPT
 
 
@@ -174,3 +175,46 @@ def save_report(report: dict, out_dir: str | Path) -> None:
     (out_dir / "tradeoff.json").write_text(json.dumps(report, indent=2) + "\n")
     (out_dir / "tradeoff.txt").write_text(format_table(report) + "\n")
     plot(report, out_dir / "tradeoff.png")
+
+
+@dataclass
+class TradeoffConfig(InferenceConfig):
+    """Sweep temperature (and top-p): the diversity against fidelity of samples, measured."""
+
+    model: str = field(metadata={"help": "Model directory or hub name."})
+    prompts: str = field(metadata={"help": "Held-out text; passages are cut from it."})
+    tokenizer: str | None = field(
+        default=None, metadata={"help": "Tokenizer directory (default: the model directory)."}
+    )
+    out: str = field(
+        default="tradeoff", metadata={"help": "Directory for tradeoff.json, tradeoff.txt and tradeoff.png."}
+    )
+    temperatures: str = field(
+        default="0.2,0.5,0.7,0.9,1.0,1.2,1.5", metadata={"help": "Comma-separated temperatures."}
+    )
+    top_p: str | None = field(
+        default=None, metadata={"help": "Comma-separated top-p values to sweep as well."}
+    )
+    passages: int = field(default=24, metadata={"help": "Passages cut from --prompts."})
+    prompt_tokens: int = field(default=32, metadata={"help": "Prompt tokens per passage."})
+    max_tokens: int = field(
+        default=32,
+        metadata={
+            "help": "Tokens sampled per passage (and true continuation kept).",
+            "deprecated": ("new_tokens",),
+        },
+    )
+    samples: int = field(default=2, metadata={"help": "Samples per passage and setting."})
+    seed: int = field(default=0, metadata={"help": "Random seed."})
+
+
+def run_tradeoff(config: TradeoffConfig) -> dict:
+    """Load the model, cut the passages, sweep, and write the report into ``config.out``."""
+    model, tokenizer = config.load(config.model, config.tokenizer)
+    ids = tokenizer.encode(Path(config.prompts).read_text(encoding="utf-8"))
+    passages = passages_from_text(ids, config.prompt_tokens, config.max_tokens, config.passages)
+    temperatures = [float(t) for t in config.temperatures.split(",")]
+    top_ps = [None] + [float(p) for p in config.top_p.split(",")] if config.top_p else [None]
+    report = sweep(model, passages, temperatures, top_ps, config.samples, config.seed)
+    save_report(report, config.out)
+    return report

@@ -6,11 +6,15 @@ reads the examples and the start token, and walks a pre-training run's checkpoin
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from gptkit.data.readers import read_dataset
 from gptkit.evaluate import lm
 from gptkit.generation import start_ids
+from gptkit.generation.text import InferenceConfig
 from gptkit.model import GPT
 from gptkit.tokenizer import Tokenizer
 
@@ -90,3 +94,43 @@ def run_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
     if not directories:
         raise FileNotFoundError(f"{run_dir}/checkpoints: no step-* checkpoints")
     return [(int(p.name.split("-")[1]), p) for p in directories]
+
+
+@dataclass
+class ZeroshotConfig(InferenceConfig):
+    """GPT-1's zero-shot heuristics (§5) on a public dataset, for a model or every checkpoint of a run."""
+
+    model: str = field(metadata={"help": "A model directory, or a run directory with --checkpoints."})
+    task: Literal["acceptability", "multiple_choice", "question_answering", "sentiment"] = field(
+        metadata={"help": "Which heuristic."}
+    )
+    tokenizer: str | None = field(
+        default=None, metadata={"help": "Tokenizer directory (default: the model directory)."}
+    )
+    dataset: str | None = field(
+        default=None,
+        metadata={
+            "help": "Public dataset (default: by task: sentiment → sst2, multiple_choice → story_cloze, "
+            "acceptability → cola, question_answering → race)."
+        },
+    )
+    split: str = field(default="dev", metadata={"help": "Split to score."})
+    data_dir: str = field(default="data", metadata={"help": "Where the public datasets live."})
+    limit: int | None = field(default=None, metadata={"help": "Use the first N examples."})
+    checkpoints: bool = field(
+        default=False, metadata={"help": "Evaluate every checkpoint of a pre-training run."}
+    )
+
+
+def run_zeroshot(config: ZeroshotConfig) -> Iterator[dict]:
+    """One record (task, model, step, scores) for the model, or for each checkpoint of the run."""
+    targets = run_checkpoints(config.model) if config.checkpoints else [(None, Path(config.model))]
+    for step, directory in targets:
+        # The dtype choice is the same for every checkpoint: said once.
+        model, tokenizer = config.load(
+            directory, config.tokenizer or config.model, decoding=False, verbose=directory == targets[0][1]
+        )
+        result = zeroshot(
+            model, tokenizer, config.task, config.data_dir, config.dataset, config.split, config.limit
+        )
+        yield {"task": config.task, "model": str(directory), "step": step, **result}

@@ -10,19 +10,63 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import torch
 
 from gptkit.generation.decode import generate, stream_ids
 from gptkit.generation.incremental import IncrementalText
 from gptkit.generation.sampling import SamplingParams, sampling_params
-from gptkit.hardware import Choice, has_decoding_layout, resolve_device, resolve_inference_dtype
+from gptkit.hardware import DEVICE_HELP, Choice, has_decoding_layout, resolve_device, resolve_inference_dtype
 from gptkit.model import GPT
 from gptkit.model.layouts import QUANTIZATIONS, decoding_layout, quantize_int8
 from gptkit.tokenizer import END_OF_TEXT, GPT1_SPECIAL_TOKENS, Tokenizer
 
 DEFAULT_NEW_TOKENS = 50  # a continuation's length when neither max_new_tokens nor params say
+
+
+@dataclass
+class InferenceConfig:
+    """How a model runs: where, and with which weights (the settings of generate, serve, perplexity,
+    zero-shot and the trade-off sweep). Keyword-only, so that a command's config may add required
+    fields before them."""
+
+    dtype: Literal["auto", "float32", "bfloat16"] = field(
+        default="auto",
+        kw_only=True,
+        metadata={
+            "help": "Weights: auto (what runs fastest on this hardware, printed with its reason), float32 "
+            "or bfloat16."
+        },
+    )
+    quantize: Literal["none", "int8"] = field(
+        default="none",
+        kw_only=True,
+        metadata={
+            "help": "Weight-only quantization: int8 stores a quarter of fp32's bytes (bf16 activations)."
+        },
+    )
+    device: str = field(default="auto", kw_only=True, metadata={"help": DEVICE_HELP})
+
+    def load(
+        self,
+        model_dir: str | Path,
+        tokenizer_dir: str | Path | None = None,
+        decoding: bool = True,
+        verbose: bool = True,
+    ) -> tuple[GPT, Tokenizer]:
+        """:func:`load_for_generation` with these settings."""
+        return load_for_generation(
+            model_dir,
+            tokenizer_dir,
+            dtype=self.dtype,
+            device=self.device,
+            decoding=decoding,
+            verbose=verbose,
+            quantize=self.quantize,
+        )
 
 
 def load_for_generation(

@@ -22,7 +22,15 @@ from gptkit.hardware import DEVICE_HELP
 from gptkit.io import read_json, write_json
 from gptkit.model import GPT
 from gptkit.paper.scores import TASKS
-from gptkit.paper.suite import SuiteConfig, check_settings, run_task, settings_of, train_settings
+from gptkit.paper.suite import (
+    SuiteConfig,
+    check_settings,
+    config_from,
+    finetune_field,
+    run_task,
+    settings_of,
+    train_settings,
+)
 from gptkit.train.finetune import FinetuneTrainConfig
 from gptkit.train.rundir import RunDir
 
@@ -66,15 +74,15 @@ class TransferConfig:
     layers: list[int] | None = field(
         default=None, metadata={"help": "Block counts to transfer (default: 0 to the model's layers)."}
     )
-    data_dir: str = field(default="data", metadata={"help": "Where the public datasets live."})
+    data_dir: str = finetune_field("data_dir", "Where the public datasets live.")
     out: str = field(
         default="runs/figure2-layers", metadata={"help": "Output directory (continued when rerun)."}
     )
-    tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer directory (default: --init)."})
-    max_train_examples: int | None = field(default=None, metadata={"help": "Train on the first N examples."})
-    max_eval_examples: int | None = field(default=None, metadata={"help": "Score the first N examples."})
-    epochs: int = field(default=3, metadata={"help": "Passes over the training data."})
-    device: str = field(default="auto", metadata={"help": DEVICE_HELP})
+    tokenizer: str | None = finetune_field("tokenizer")
+    max_train_examples: int | None = finetune_field("max_train_examples", "Train on the first N examples.")
+    max_eval_examples: int | None = finetune_field("max_eval_examples", "Score the first N examples.")
+    epochs: int = finetune_field("epochs")
+    device: str = finetune_field("device")
 
     def __post_init__(self) -> None:
         if self.task not in TASKS:
@@ -105,18 +113,7 @@ def _transfer_curve(config: TransferConfig, train: FinetuneTrainConfig, out: Pat
     points = []
     for k in layers:
         print(f"\n=== {task.name}: transferring {k} of {n_layer} blocks", flush=True)
-        suite = SuiteConfig(
-            init=config.init,
-            tasks=[task.name],
-            data_dir=config.data_dir,
-            out=str(out),
-            tokenizer=config.tokenizer,
-            max_train_examples=config.max_train_examples,
-            max_eval_examples=config.max_eval_examples,
-            epochs=config.epochs,
-            transfer_layers=k,
-            device=config.device,
-        )
+        suite = config_from(SuiteConfig, config, tasks=[task.name], out=str(out), transfer_layers=k)
         result = run_task(task, "full", suite, train, out / f"layers-{k:02d}")
         if result["status"] != "done":
             raise FileNotFoundError(

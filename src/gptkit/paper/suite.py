@@ -26,7 +26,6 @@ import torch
 from gptkit.config import config_error
 from gptkit.data.readers import DATASETS, Example, read_dataset
 from gptkit.data.tasks import task_metrics
-from gptkit.hardware import DEVICE_HELP
 from gptkit.io import atomic_write, read_json, write_json
 from gptkit.model.task import TaskModel
 from gptkit.paper.scores import TABLE5, TABLE5_AVERAGE, TABLE5_TASKS, TASKS, PaperTask
@@ -47,6 +46,20 @@ FEW_EXAMPLES = 100
 EVAL_BATCH = 64
 
 
+def finetune_field(name: str, help: str | None = None):
+    """FinetuneConfig's field ``name`` for a config that passes it on: the same default and help
+    (``help`` says it in the words of that config), never a copy that could drift."""
+    source = FinetuneConfig.__dataclass_fields__[name]
+    metadata = {**source.metadata, **({"help": help} if help else {})}
+    return field(default=source.default, metadata=metadata)
+
+
+def config_from(cls, source: object, **overrides):
+    """A ``cls`` config with every field it shares with ``source`` taken from it, then ``overrides``."""
+    names = {f.name for f in dataclasses.fields(cls)} & {f.name for f in dataclasses.fields(source)}
+    return cls(**{**{name: getattr(source, name) for name in names}, **overrides})
+
+
 @dataclass
 class SuiteConfig:
     """Fine-tune one pre-trained model on the paper's tasks; results beside the paper's."""
@@ -62,24 +75,20 @@ class SuiteConfig:
             "help": "full; no_aux_lm (λ = 0) and no_pretraining (random init) are Table 5's ablations."
         },
     )
-    data_dir: str = field(default="data", metadata={"help": "Where the public datasets live."})
+    data_dir: str = finetune_field("data_dir", "Where the public datasets live.")
     out: str = field(default="runs/suite", metadata={"help": "Suite directory (continued when rerun)."})
-    tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer directory (default: --init)."})
-    max_train_examples: int | None = field(
-        default=None, metadata={"help": "Train on the first N examples of each task (a CPU slice)."}
+    tokenizer: str | None = finetune_field("tokenizer")
+    max_train_examples: int | None = finetune_field(
+        "max_train_examples", "Train on the first N examples of each task (a CPU slice)."
     )
-    max_eval_examples: int | None = field(
-        default=None, metadata={"help": "Score the first N examples of each evaluation set."}
+    max_eval_examples: int | None = finetune_field(
+        "max_eval_examples", "Score the first N examples of each evaluation set."
     )
-    epochs: int = field(default=3, metadata={"help": "Passes over each task's training data."})
-    lm_coef: float = field(default=0.5, metadata={"help": "λ of the variants with the auxiliary LM."})
-    transfer_layers: int | None = field(
-        default=None, metadata={"help": "Keep only the first K pre-trained blocks (default: all)."}
-    )
-    max_length: int | None = field(
-        default=None, metadata={"help": "Longest input sequence (default: the model's context)."}
-    )
-    device: str = field(default="auto", metadata={"help": DEVICE_HELP})
+    epochs: int = finetune_field("epochs", "Passes over each task's training data.")
+    lm_coef: float = finetune_field("lm_coef", "λ of the variants with the auxiliary LM.")
+    transfer_layers: int | None = finetune_field("transfer_layers")
+    max_length: int | None = finetune_field("max_length")
+    device: str = finetune_field("device")
 
     def __post_init__(self) -> None:
         unknown = [t for t in self.tasks if t not in TASKS]
@@ -150,21 +159,15 @@ def run_task(
         # A sample file smaller than one batch: one batch of all of it, so the task still runs.
         train = dataclasses.replace(train, batch_size=len(train_examples), micro_batch_size=None)
     finetuned = finetune(
-        FinetuneConfig(
-            init=config.init,
+        config_from(
+            FinetuneConfig,
+            config,
             random_init=variant == "no_pretraining",
             tokenizer=config.tokenizer or config.init,
             dataset=task.train,
-            data_dir=config.data_dir,
             out=str(out_dir),
-            epochs=config.epochs,
             lm_coef=0.0 if variant == "no_aux_lm" else config.lm_coef,
-            transfer_layers=config.transfer_layers,
-            max_length=config.max_length,
-            max_train_examples=config.max_train_examples,
-            max_eval_examples=config.max_eval_examples,
             resume=resume,
-            device=config.device,
         ),
         train,
     )

@@ -1,8 +1,11 @@
-"""The server's limits: what one request may ask for, and how much work waits at once."""
+"""The server's settings: :class:`ServeConfig` (what to serve, where) and :class:`ServeLimits` (what
+one request may ask for, and how much work waits at once). ``gptkit serve``'s flags are their fields."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from gptkit.generation.text import InferenceConfig
 
 MAX_CHOICES_PER_PROMPT = 8  # the most `n` may be (and no more than max_batch)
 
@@ -11,12 +14,30 @@ MAX_CHOICES_PER_PROMPT = 8  # the most `n` may be (and no more than max_batch)
 class ServeLimits:
     """Bounds that keep a server responsive whatever its clients send."""
 
-    max_batch: int = 16  # sequences decoded together (rows of the KV cache); inputs per pooling forward
-    max_queue: int = 64  # sequences (or pooling inputs) waiting; a request that does not fit gets HTTP 429
-    max_tokens_limit: int = 512  # the largest max_tokens a request may ask for
-    max_body_bytes: int = 1_000_000  # larger request bodies get HTTP 413
-    request_timeout: float = 120.0  # seconds a request may wait and decode, in all
-    batch_wait_ms: float = 5.0  # how long a classify/embeddings batch waits to fill after its first input
+    max_batch: int = field(
+        default=16,
+        metadata={"help": "Sequences decoded together; inputs of one classify/embeddings forward."},
+    )
+    max_queue: int = field(
+        default=64,
+        metadata={
+            "help": "Sequences (and, apart, classify/embeddings inputs) waiting; past it requests get "
+            "HTTP 429."
+        },
+    )
+    max_tokens_limit: int = field(
+        default=512, metadata={"help": "The largest max_tokens a request may ask for."}
+    )
+    max_body_bytes: int = field(default=1_000_000, metadata={"help": "Larger request bodies get HTTP 413."})
+    request_timeout: float = field(
+        default=120.0, metadata={"help": "Seconds a request may wait and generate, in all."}
+    )
+    batch_wait_ms: float = field(
+        default=5.0,
+        metadata={
+            "help": "Milliseconds a classify/embeddings batch waits to fill once its first input has arrived."
+        },
+    )
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_queue", "max_tokens_limit", "max_body_bytes"):
@@ -30,3 +51,52 @@ class ServeLimits:
     @property
     def max_n(self) -> int:
         return min(MAX_CHOICES_PER_PROMPT, self.max_batch)
+
+
+@dataclass
+class ServeConfig(InferenceConfig):
+    """Serve models over HTTP: OpenAI's completions (continuous batching) and embeddings, vLLM's classify."""
+
+    model: list[str] = field(
+        metadata={
+            "help": "Model directory (HF, gptkit, converted GPT-1 release, or one written by `gptkit "
+            "finetune`) or hub name; NAME=DIR names it in the API. Repeat to serve several models.",
+            "repeat": True,
+            "metavar": "[NAME=]DIR",
+        }
+    )
+    tokenizer: str | None = field(
+        default=None,
+        metadata={"help": "Tokenizer directory of a single language model (default: its directory)."},
+    )
+    host: str = field(
+        default="127.0.0.1",
+        metadata={"help": "Address to listen on; 127.0.0.1 takes connections from this machine only."},
+    )
+    port: int = field(default=8000, metadata={"help": "TCP port."})
+    api_key: str | None = field(
+        default=None,
+        metadata={
+            "help": "Clients must send 'Authorization: Bearer KEY' (default: $GPTKIT_API_KEY; unset: no key)."
+        },
+    )
+    limits: ServeLimits = field(default_factory=ServeLimits)
+    cors_origin: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Allow browser pages from these origins (default: none, CORS off).",
+            "metavar": "ORIGIN",
+        },
+    )
+    model_name: str | None = field(
+        default=None,
+        metadata={
+            "help": "The name in the API of a single model given as a bare DIR (default: the directory's name)."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.model, str):  # one directory, as a library caller may write it
+            self.model = [self.model]
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")

@@ -4,35 +4,23 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import os
 import signal
 import sys
-from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Iterator
 
-from gptkit.serve.config import ServeLimits
-from gptkit.serve.models import load_models
+from gptkit.serve.config import ServeConfig
+from gptkit.serve.models import load_models, name_models
 
 
-def run_server(
-    model_dir: str | Path | Mapping[str, str | Path],
-    *,
-    tokenizer_dir: str | Path | None = None,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    api_key: str | None = None,
-    cors_origins: Sequence[str] = (),
-    model_name: str | None = None,
-    dtype: str = "auto",
-    device: str = "auto",
-    limits: ServeLimits | None = None,
-    quantize: str = "none",
-) -> None:
-    """Serve a model directory, or several as {name: directory}, on ``host:port`` until a signal.
+def run_server(config: ServeConfig) -> None:
+    """Serve ``config.model`` (directories, ``NAME=DIR`` to name one) on ``host:port`` until a signal.
 
     Language models answer OpenAI's completions protocol, fine-tuned models (written by `gptkit
-    finetune`) vLLM's classify protocol, and every model OpenAI's embeddings. A single directory is
-    named ``model_name``, else after the directory. ``tokenizer_dir`` is for a single language model;
-    ``quantize`` applies to language models.
+    finetune`) vLLM's classify protocol, and every model OpenAI's embeddings. A bare directory is
+    named ``model_name`` when it is the only model, else after the directory. ``tokenizer`` is for a
+    single language model; ``quantize`` applies to language models. Without ``api_key``, the
+    ``GPTKIT_API_KEY`` environment variable's key (if set) is asked of clients.
 
     Ctrl-C or SIGTERM stops taking connections, lets the requests in flight finish (for at most
     ``request_timeout`` seconds more), then stops the models' loops, and returns.
@@ -43,37 +31,38 @@ def run_server(
         from gptkit.serve.app import create_app
     except ImportError as e:
         raise ImportError(f"gptkit serve needs the serve extra: pip install 'gptkit[serve]' ({e})") from e
-    limits = limits or ServeLimits()
-    if not 0 < port < 65536:
-        raise ValueError(f"port must be in 1..65535, got {port}")
-    if isinstance(model_dir, Mapping):
-        if model_name is not None:
-            raise ValueError("model_name names a single model: several are named by their keys")
-        directories = dict(model_dir)
-    else:
-        directories = {model_name or Path(model_dir).name or "gptkit": model_dir}
-    if tokenizer_dir is not None and len(directories) > 1:
+    limits, host = config.limits, config.host
+    directories = name_models(config.model, config.model_name)
+    if config.tokenizer is not None and len(directories) > 1:
         raise ValueError("--tokenizer is for a single model: each of several is served with its own")
     models = load_models(
-        directories, limits, tokenizer_dir=tokenizer_dir, dtype=dtype, device=device, quantize=quantize
+        directories,
+        limits,
+        tokenizer_dir=config.tokenizer,
+        dtype=config.dtype,
+        device=config.device,
+        quantize=config.quantize,
     )
-    app = create_app(models, limits=limits, api_key=api_key, cors_origins=tuple(cors_origins))
+    api_key = config.api_key or os.environ.get("GPTKIT_API_KEY") or None
+    app = create_app(models, limits=limits, api_key=api_key, cors_origins=tuple(config.cors_origin or ()))
     if not api_key and not _is_loopback(host):
         print(
             f"warning: serving on {host} without an API key: anyone who can reach it may use it",
             file=sys.stderr,
         )
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        timeout_graceful_shutdown=int(limits.request_timeout) + 5,
-        log_level="info",
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=config.port,
+            timeout_graceful_shutdown=int(limits.request_timeout) + 5,
+            log_level="info",
+        )
     )
     names = ", ".join(repr(model.name) for model in models)
-    print(f"serving {names} on http://{host}:{port}/v1 (Ctrl-C to stop)", file=sys.stderr, flush=True)
+    print(f"serving {names} on http://{host}:{config.port}/v1 (Ctrl-C to stop)", file=sys.stderr, flush=True)
     with _signals_end_quietly():
-        uvicorn.Server(config).run()
+        server.run()
 
 
 def _is_loopback(host: str) -> bool:
