@@ -30,7 +30,7 @@ from gptkit.hardware import DEVICE_HELP
 from gptkit.io import atomic_write, read_json, write_json
 from gptkit.model.task import TaskModel
 from gptkit.paper.scores import TABLE5, TABLE5_AVERAGE, TABLE5_TASKS, TASKS, PaperTask
-from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig, finetune
+from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig, finetune, lora_field
 from gptkit.train.rundir import RunDir
 
 Variant = Literal["full", "no_aux_lm", "no_pretraining"]
@@ -79,6 +79,10 @@ class SuiteConfig:
     max_length: int | None = field(
         default=None, metadata={"help": "Longest input sequence (default: the model's context)."}
     )
+    # As fine-tuning's flags: every task through LoRA adapters of rank R.
+    lora_rank: int | None = lora_field("rank")
+    lora_alpha: float | None = lora_field("alpha")
+    lora_targets: list[str] = lora_field("targets")
     device: str = field(default="auto", metadata={"help": DEVICE_HELP})
 
     def __post_init__(self) -> None:
@@ -165,6 +169,10 @@ def run_task(
             max_eval_examples=config.max_eval_examples,
             resume=resume,
             device=config.device,
+            # no_pretraining trains every weight of a random model: LoRA adapts pre-trained ones.
+            lora_rank=None if variant == "no_pretraining" else config.lora_rank,
+            lora_alpha=None if variant == "no_pretraining" else config.lora_alpha,
+            lora_targets=config.lora_targets,
         ),
         train,
     )
