@@ -1,5 +1,6 @@
 """LoRA: the layer against its formula, adapters against peft on transformers' form of the same
-base, and fine-tuning runs that save the adapter alone and load back to the same predictions."""
+base, fine-tuning runs that save the adapter alone and load back to the same predictions, and
+adapters served over one copy of their base."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch.nn as nn
 
 from gptkit import GPT, GPTConfig
 from gptkit.data.readers import parse_columns, read_table
-from gptkit.data.tasks import task_metrics
+from gptkit.data.tasks import TaskSpec, special_token_ids, task_metrics
 from gptkit.io import read_safetensors
 from gptkit.model.lora import (
     LoRALinear,
@@ -24,7 +25,9 @@ from gptkit.model.lora import (
     peft_adapter_state,
     write_adapter,
 )
-from gptkit.model.task import TaskModel
+from gptkit.model.task import TaskModel, lora_task_info, save_task_model
+from gptkit.serve.config import ServeLimits
+from gptkit.serve.models import CLASSIFY, EMBEDDINGS, embed, load_models
 from gptkit.tokenizer import Tokenizer
 from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig, finetune
 from gptkit.train.rundir import RunDir
@@ -223,3 +226,73 @@ def test_a_lora_run_resumes_exactly(tmp_path, base_dir):
         ours, again = read_safetensors(straight_last / name), read_safetensors(resumed_last / name)
         for key in ours:
             torch.testing.assert_close(again[key], ours[key], msg=f"{name} {key}")
+
+
+def write_adapter_run(
+    directory: Path, base_dir: Path, task: str, labels: list[str] | None, seed: int, rank: int | None = None
+) -> None:
+    """An adapter directory as `gptkit finetune --lora-rank` writes it, with random (trained-looking)
+    matrices, rows and head."""
+    tokenizer = Tokenizer.from_pretrained(base_dir)
+    specials = special_token_ids(tokenizer)
+    gpt = GPT.from_pretrained(base_dir)
+    gpt.add_special_tokens(max(specials.values()) + 1 - gpt.config.total_vocab_size)
+    first_row = min(specials.values())
+    settings = LoRASettings(rank or 2 + seed, 4.0)
+    add_lora(gpt, settings, first_row)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for param in gpt.parameters():
+            if param.requires_grad:
+                param.normal_(0.0, 0.3)
+    spec = TaskSpec(
+        task,
+        labels=labels,
+        n_choices=2 if task == "multiple_choice" else None,
+        max_length=32,
+        specials=specials,
+    )
+    model = TaskModel(gpt, spec, tokenizer=tokenizer)
+    info = {**model.task_info(), **lora_task_info(settings, str(base_dir), first_row)}
+    save_task_model(directory, gpt.config, model.state_dict(), info)
+    tokenizer.save_pretrained(directory)
+
+
+def test_adapters_of_one_base_share_it_and_a_mixed_batch_equals_each_merged_model_alone(tmp_path, base_dir):
+    tasks = {
+        "sentiment": ("classification", ["neg", "pos"]),
+        "nli": ("entailment", ["yes", "no", "maybe"]),
+        "choice": ("multiple_choice", None),
+    }
+    for seed, (name, (task, labels)) in enumerate(tasks.items()):
+        write_adapter_run(tmp_path / name, base_dir, task, labels, seed)
+    served = load_models(
+        {name: tmp_path / name for name in tasks}, ServeLimits(), dtype="float32", device="cpu"
+    )
+    assert len({id(model.gpt) for model in served}) == 1  # one copy of the base
+    assert len({id(model.batchers[CLASSIFY].shared) for model in served}) == 1  # one batcher for all
+    rows = {
+        "sentiment": [{"text": "the film was great"}, {"text": "a dreadful story"}],
+        "nli": [{"premise": "a story of people", "hypothesis": "the film was lovely"}],
+        "choice": [{"context": "the film was", "choices": ["great", "a story"]}],
+    }
+    models = {model.name: model for model in served}
+    alone = {name: TaskModel.from_pretrained(tmp_path / name, device="cpu") for name in tasks}
+    inputs = [
+        (name, i, example) for name in tasks for i, example in enumerate(alone[name].encode(rows[name]))
+    ]
+    inputs = inputs[1::2] + inputs[::2]  # interleaved: adapters mixed in one batch
+    # The batch function the server runs on one batch of classify inputs, whatever their adapter.
+    mixed = (
+        models["sentiment"].batchers[CLASSIFY].shared.run([(name, example) for name, _, example in inputs])
+    )
+    expected = {name: alone[name].predict(rows[name]) for name in tasks}
+    for (name, i, _), record in zip(inputs, mixed):
+        assert record["label"] == expected[name][i]["label"]
+        assert record["probabilities"] == pytest.approx(expected[name][i]["probabilities"], abs=1e-5)
+    # Embeddings too: the adapter's h_n at _classify_, as its merged model computes it.
+    sequence = models["nli"].embedding_input(alone["nli"].tokenizer.encode("a story"))
+    ours = models["nli"].batchers[EMBEDDINGS].run([sequence])
+    torch.testing.assert_close(
+        torch.tensor(ours), torch.tensor(embed(alone["nli"].gpt, [sequence])), atol=1e-5, rtol=1e-5
+    )

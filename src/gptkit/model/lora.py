@@ -17,7 +17,10 @@ gptkit's own files beside it (the base that ``peft`` loads has no rows for them)
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -249,3 +252,63 @@ def read_adapter(directory: str | Path) -> tuple[LoRASettings, str | None, dict[
 
 def is_adapter_dir(directory: str | Path) -> bool:
     return (Path(directory) / ADAPTER_CONFIG_NAME).exists()
+
+
+# Many adapters over one base ---------------------------------------------------------------------
+
+
+class AdapterSet:
+    """Many adapters of one base, over a single copy of its weights: the base GPT carries empty LoRA
+    layers, each adapter's matrices (and special tokens' rows) are kept aside, and :meth:`using`
+    puts one adapter's in place for the forward passes run inside it (S-LoRA's "group by adapter").
+
+    A lock serialises the passes: two threads never compute with two adapters at once.
+    """
+
+    def __init__(self, gpt: GPT, first_trainable_row: int):
+        self.gpt = gpt
+        add_lora(gpt, LoRASettings(1, 1.0), first_trainable_row)
+        self.layers = {name: m for name, m in gpt.named_modules() if isinstance(m, LoRALinear)}
+        for layer in self.layers.values():
+            layer.lora_A = layer.lora_B = None  # the base's function until an adapter is used
+        self.adapters: dict[
+            str, tuple[float, dict[str, tuple[nn.Parameter, nn.Parameter]], nn.Parameter]
+        ] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def first_row(self) -> int:
+        return self.gpt.wte.first_row
+
+    def add(
+        self, name: str, settings: LoRASettings, lora_state: dict[str, torch.Tensor], rows: torch.Tensor
+    ) -> None:
+        """Keep an adapter: its LoRA state-dict entries (``h.0.attn.c_attn.lora_A``) and its rows."""
+        weight = self.gpt.wte.frozen
+        if rows.shape != self.gpt.wte.rows.shape:
+            raise ValueError(
+                f"adapter {name!r}: {rows.size(0)} special-token rows, the others have {self.gpt.wte.rows.size(0)}"
+            )
+
+        def kept(tensor: torch.Tensor) -> nn.Parameter:
+            return nn.Parameter(tensor.to(device=weight.device, dtype=weight.dtype), requires_grad=False)
+
+        matrices = {}
+        for layer_name in self.layers:
+            if f"{layer_name}.lora_A" in lora_state:
+                matrices[layer_name] = (
+                    kept(lora_state[f"{layer_name}.lora_A"]),
+                    kept(lora_state[f"{layer_name}.lora_B"]),
+                )
+        self.adapters[name] = (settings.scaling, matrices, kept(rows))
+
+    @contextlib.contextmanager
+    def using(self, name: str) -> Iterator[GPT]:
+        """The base GPT computing as base + adapter ``name`` while inside."""
+        scaling, matrices, rows = self.adapters[name]
+        with self._lock:
+            for layer_name, layer in self.layers.items():
+                layer.lora_A, layer.lora_B = matrices.get(layer_name, (None, None))
+                layer.scaling = scaling
+            self.gpt.wte.rows = rows
+            yield self.gpt
