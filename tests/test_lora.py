@@ -270,6 +270,7 @@ def test_adapters_of_one_base_share_it_and_a_mixed_batch_equals_each_merged_mode
         {name: tmp_path / name for name in tasks}, ServeLimits(), dtype="float32", device="cpu"
     )
     assert len({id(model.gpt) for model in served}) == 1  # one copy of the base
+    assert len({id(model.tokenizer) for model in served}) == 1  # and of its tokenizer (the same files)
     assert len({id(model.batchers[CLASSIFY].shared) for model in served}) == 1  # one batcher for all
     rows = {
         "sentiment": [{"text": "the film was great"}, {"text": "a dreadful story"}],

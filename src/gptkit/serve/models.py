@@ -14,6 +14,7 @@ its head W_y reads (GPT-1 §3.2): ``softmax(embedding · W_y)`` is a classificat
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 import sys
 from collections import defaultdict
@@ -236,7 +237,7 @@ def load_adapters(
     choice = resolve_inference_dtype(dtype, resolved, decoding=False)
     gpt = gpt.to(device=resolved, dtype=getattr(torch, choice.value)).eval()
     adapter_set = AdapterSet(gpt, int(first_info["lora"]["first_trainable_row"]))
-    tasks = {}
+    tasks, tokenizers = {}, {}
     for name, directory in adapters.items():
         info = infos[name]
         if int(info["lora"]["first_trainable_row"]) != adapter_set.first_row:
@@ -246,7 +247,8 @@ def load_adapters(
         _, _, lora_state = read_adapter(directory)
         rows = read_safetensors(directory / SPECIAL_ROWS_NAME)["rows"]
         adapter_set.add(name, lora_settings(info), lora_state, rows)
-        task = TaskModel(gpt, TaskSpec(**info["spec"]), 0.0, 0.0, Tokenizer.from_pretrained(directory))
+        tokenizer = shared_tokenizer(directory, tokenizers)
+        task = TaskModel(gpt, TaskSpec(**info["spec"]), 0.0, 0.0, tokenizer)
         task.head.load_state_dict(read_safetensors(directory / HEAD_NAME))
         tasks[name] = task.to(device=resolved, dtype=gpt.wte.frozen.dtype).eval()
     print(
@@ -270,6 +272,30 @@ def load_adapters(
         }
         served.append(ServedModel(name, gpt, task.tokenizer, batchers, task=task))
     return served
+
+
+# A tokenizer's files, under any of the names Tokenizer.from_pretrained reads.
+_TOKENIZER_FILES = (
+    "tokenizer_config.json",
+    "tokenizer.json",
+    "encoder.json",
+    "vocab.bpe",
+    "encoder_bpe_40000.json",
+    "vocab_40000.bpe",
+)
+
+
+def shared_tokenizer(directory: Path, loaded: dict[str, Tokenizer]) -> Tokenizer:
+    """The tokenizer of ``directory``, loaded once for every directory with the same files (adapters
+    of one base carry copies of its tokenizer: each a few tens of MB in memory once loaded)."""
+    digest = hashlib.sha256()
+    for name in _TOKENIZER_FILES:
+        if (directory / name).is_file():
+            digest.update(name.encode() + b"\0" + (directory / name).read_bytes())
+    key = digest.hexdigest()
+    if key not in loaded:
+        loaded[key] = Tokenizer.from_pretrained(directory)
+    return loaded[key]
 
 
 def classify_mixed(
