@@ -130,7 +130,8 @@ def embed(gpt: GPT, sequences: list[list[int]]) -> list[list[float]]:
     attention: no real token sees the padding after it)."""
     examples = [EncodedExample([sequence], None) for sequence in sequences]
     batch = collate(examples, pad_to_multiple=PAD_TO_MULTIPLE, max_length=gpt.config.context_length)
-    device = gpt.wte.weight.device
+    # Not wte.weight: under LoRA adapters that joins the embedding's parts, a copy of the table.
+    device = next(gpt.parameters()).device
     hidden = gpt(batch["input_ids"][:, 0].to(device), compute_logits=False).hidden_states  # (N, T, d)
     last = batch["clf_positions"][:, 0].to(device)  # (N,)
     return hidden[torch.arange(len(sequences), device=device), last].float().cpu().tolist()
