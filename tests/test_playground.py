@@ -81,8 +81,38 @@ def model_dir(data_dir, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
-    server = Server(model_dir, tmp_path_factory.mktemp("playground-logs") / "server.log", "--api-key", KEY)
+def task_dirs(model_dir, tmp_path_factory) -> dict[str, Path]:
+    """Two fine-tuned models beside the language model: a classifier and a multiple-choice model."""
+    from gptkit import GPT
+    from gptkit.data.tasks import TaskSpec, special_token_ids
+    from gptkit.model.task import TaskModel
+    from gptkit.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_pretrained(model_dir)
+    specials = special_token_ids(tokenizer)
+    specs = {
+        "sentiment": TaskSpec(
+            "classification", labels=["negative", "positive", "neutral"], max_length=64, specials=specials
+        ),
+        "story": TaskSpec("multiple_choice", n_choices=2, max_length=64, specials=specials),
+    }
+    directories = {}
+    for seed, (name, spec) in enumerate(specs.items()):
+        torch.manual_seed(seed)
+        gpt = GPT.from_pretrained(model_dir)
+        gpt.add_special_tokens(max(specials.values()) + 1 - gpt.config.total_vocab_size)
+        model = TaskModel(gpt, spec, tokenizer=tokenizer)
+        with torch.no_grad():
+            model.head.weight.normal_(0.0, 0.05)  # probabilities that differ from class to class
+        directories[name] = tmp_path_factory.mktemp("playground-tasks") / name
+        model.save_pretrained(directories[name])
+    return directories
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, task_dirs, tmp_path_factory):
+    models = {MODEL: model_dir, **task_dirs}  # the page generates with the language model
+    server = Server(models, tmp_path_factory.mktemp("playground-logs") / "server.log", "--api-key", KEY)
     try:
         server.wait_ready()
         yield server
@@ -242,3 +272,64 @@ def test_playground_shows_the_servers_error(server, browser):
     assert _generate(browser, server, "not-the-key") == "error"
     assert "Incorrect API key" in browser.find_element(By.ID, "status").text
     assert not browser.find_elements(By.CSS_SELECTOR, "#output .token")
+
+
+def _classify_in_page(browser, model: str, fields: dict[str, str]) -> list[list]:
+    """Pick ``model`` in the classify view, fill in its fields, classify; the bars shown."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    Select(browser.find_element(By.ID, "task-model")).select_by_value(model)
+    for name, text in fields.items():
+        area = browser.find_element(By.ID, f"field-{name}")
+        area.clear()
+        area.send_keys(text)
+    browser.find_element(By.ID, "classify-run").click()
+    output = browser.find_element(By.ID, "classify-output")
+    WebDriverWait(browser, WAIT_S).until(lambda _: output.get_attribute("data-state") in ("done", "error"))
+    assert output.get_attribute("data-state") == "done", browser.find_element(By.ID, "classify-status").text
+    return browser.execute_script(
+        "return [...document.querySelectorAll('#classify-output .class-row')].map(r => [r.dataset.label,"
+        " Number(r.dataset.prob), r.querySelector('.class-name').textContent, r.classList.contains('chosen'),"
+        " r.querySelector('.bar').getBoundingClientRect().width / r.querySelector('.track').getBoundingClientRect().width])"
+    )
+
+
+def test_the_classify_view_shows_a_task_models_probabilities_as_bars(server, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(f"{server.base}/")
+    browser.find_element(By.ID, "api-key").send_keys(KEY)
+    browser.find_element(By.ID, "load-task-models").click()
+    select = browser.find_element(By.ID, "task-model")
+    WebDriverWait(browser, 30).until(lambda _: len(select.find_elements(By.TAG_NAME, "option")) == 2)
+    # Fields by task kind: one text for a classifier; context, question and choices for multiple choice.
+    cases = {
+        "story": (
+            {"context": "Alice went out.", "choices": "She came back.\nShe flew away."},
+            {"context": "Alice went out.", "choices": ["She came back.", "She flew away."]},
+        ),
+        "sentiment": ({"text": "<b>A</b> fine film"}, {"text": "<b>A</b> fine film"}),
+    }
+    for model, (fields, row) in cases.items():
+        shown = _classify_in_page(browser, model, fields)
+        reference = httpx.post(
+            f"{server.base}/v1/classify", json={"model": model, "input": [row]}, headers=AUTH, timeout=60
+        )
+        assert reference.status_code == 200, reference.text
+        answer = reference.json()["data"][0]
+        names = ["negative", "positive", "neutral"] if model == "sentiment" else row["choices"]
+        assert [name for _, _, name, _, _ in shown] == names  # markup in the text stays text
+        assert len({round(p, 3) for _, p, _, _, _ in shown}) == len(names) > 1
+        for i, (label, p, _, chosen, width) in enumerate(shown):
+            assert p == pytest.approx(answer["probs"][i], abs=1e-9)
+            assert chosen == (label == answer["label"])
+            assert width == pytest.approx(p, abs=0.02)  # the bar's length is the probability
+    assert not browser.find_elements(By.CSS_SELECTOR, "#classify-output b")
+
+    browser.execute_script("document.getElementById('classify-view').scrollIntoView()")
+    screenshot = tmp_path / "classify.png"
+    assert browser.save_screenshot(str(screenshot))
+    if os.environ.get("GPTKIT_PLAYGROUND_CLASSIFY_SCREENSHOT"):
+        shutil.copyfile(screenshot, os.environ["GPTKIT_PLAYGROUND_CLASSIFY_SCREENSHOT"])

@@ -130,8 +130,15 @@ def test_ablations_and_missing_data(pretrained, data_dir, tmp_path):
     data.mkdir()
     (data / "rte").symlink_to(data_dir / "rte")  # MRPC is not there
     out = tmp_path / "suite"
+    # Through LoRA adapters (--lora-rank), which the no_pretraining variant leaves aside: it trains
+    # a random model's every weight.
     config = _config(
-        pretrained, data, out, tasks=["rte", "mrpc"], variants=["full", "no_aux_lm", "no_pretraining"]
+        pretrained,
+        data,
+        out,
+        tasks=["rte", "mrpc"],
+        variants=["full", "no_aux_lm", "no_pretraining"],
+        lora_rank=2,
     )
     results = run_suite(config, TRAIN)
     assert results["full"]["mrpc"]["status"] == "missing data"
@@ -139,6 +146,10 @@ def test_ablations_and_missing_data(pretrained, data_dir, tmp_path):
     runs = {v: json.loads((out / v / "rte" / "run_config.json").read_text())["finetune"] for v in results}
     assert [runs[v]["lm_coef"] for v in ("full", "no_aux_lm", "no_pretraining")] == [0.5, 0.0, 0.5]
     assert [runs[v]["random_init"] for v in ("full", "no_aux_lm", "no_pretraining")] == [False, False, True]
+    assert [runs[v]["lora_rank"] for v in ("full", "no_aux_lm", "no_pretraining")] == [2, 2, None]
+    assert (out / "full" / "rte" / "adapter_model.safetensors").exists()
+    assert not (out / "full" / "rte" / "model.safetensors").exists()
+    assert (out / "no_pretraining" / "rte" / "model.safetensors").exists()
     report = (out / "results.md").read_text()
     assert "## Table 5: ablations" in report and "| no_pretraining |" in report
     assert "gptkit data fetch mrpc" in report

@@ -24,11 +24,22 @@ from gptkit.data.readers import OPTIONAL_FIELDS, TEXT_FIELDS, Example
 from gptkit.data.tasks import EncodedExample, TaskSpec, collate, encode_examples
 from gptkit.hardware import resolve_device
 from gptkit.io import read_json_object, read_safetensors, save_safetensors, write_json
+from gptkit.model.lora import (
+    LoRASettings,
+    adapter_from_state,
+    add_lora,
+    is_adapter_dir,
+    merge_lora,
+    read_adapter,
+    write_adapter,
+)
 from gptkit.model.network import GPT
 from gptkit.model.weights import read_state_dict, save_state_dict
 from gptkit.tokenizer import Tokenizer
 
 HEAD_NAME = "task_head.safetensors"
+# A LoRA model's trained rows of the token embedding (the special tokens'), beside its adapter.
+SPECIAL_ROWS_NAME = "special_tokens.safetensors"
 # Batches are padded to a multiple of this many tokens: a handful of shapes instead of one per length
 # (each new shape costs the CPU's matrix library seconds of kernel preparation).
 PAD_TO_MULTIPLE = 16
@@ -181,17 +192,21 @@ class TaskModel(nn.Module):
             self.tokenizer.save_pretrained(directory)
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, device: str | None = "auto") -> TaskModel:
-        """A fine-tuned model directory written by `gptkit finetune` or :meth:`save_pretrained`."""
+    def from_pretrained(
+        cls, directory: str | Path, device: str | None = "auto", base: str | Path | None = None
+    ) -> TaskModel:
+        """A fine-tuned model directory written by `gptkit finetune` or :meth:`save_pretrained`.
+
+        A LoRA run's directory (an adapter) is applied to its base model, the one it was trained
+        from, or ``base``, and merged into it: the model computes as fast as a fully fine-tuned one.
+        """
         directory = Path(directory)
-        if not (directory / TASK_NAME).exists():
-            raise FileNotFoundError(f"{directory}: no {TASK_NAME}; is this a fine-tuned model directory?")
-        info = read_json_object(directory / TASK_NAME)
-        try:
-            spec = TaskSpec(**info["spec"])
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"{directory / TASK_NAME}: bad or missing 'spec' ({e})") from e
-        gpt = GPT.from_pretrained(directory)
+        info = read_task_info(directory)
+        spec = TaskSpec(**info["spec"])
+        if is_adapter_dir(directory):
+            gpt = lora_gpt(directory, info, base)
+        else:
+            gpt = GPT.from_pretrained(directory)
         model = cls(
             gpt,
             spec,
@@ -199,7 +214,11 @@ class TaskModel(nn.Module):
             info.get("lm_coef", 0.5),
             Tokenizer.from_pretrained(directory),
         )
-        model.load_state_dict(read_task_state(directory))
+        model.load_state_dict(
+            read_task_state(directory, model.state_dict() if is_adapter_dir(directory) else None)
+        )
+        if is_adapter_dir(directory):
+            merge_lora(model.gpt)
         return model.to(resolve_device(device)).eval()
 
 
@@ -210,18 +229,97 @@ def _example(row: Mapping, index: int, task: str) -> Example:
     return Example(fields=fields, label=row.get("label"), source=f"row {index}")
 
 
+def read_task_info(directory: Path) -> dict:
+    """``task.json`` of a fine-tuned model directory, its ``spec`` checked."""
+    if not (directory / TASK_NAME).exists():
+        raise FileNotFoundError(f"{directory}: no {TASK_NAME}; is this a fine-tuned model directory?")
+    info = read_json_object(directory / TASK_NAME)
+    try:
+        TaskSpec(**info["spec"])
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{directory / TASK_NAME}: bad or missing 'spec' ({e})") from e
+    return info
+
+
 def save_task_model(directory: Path, gpt_config, state: dict[str, torch.Tensor], task_info: dict) -> None:
-    """Write a TaskModel's state dict: the GPT's part as a model directory, the head beside it."""
+    """Write a TaskModel's state dict: the GPT's part as a model directory, the head beside it.
+
+    A LoRA model (``task_info["lora"]`` set) writes its adapter instead of the GPT: the LoRA
+    matrices in peft's layout and the special tokens' rows, megabytes where the GPT is hundreds.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     gpt_state = {k.removeprefix("gpt."): v for k, v in state.items() if k.startswith("gpt.")}
-    save_state_dict(gpt_config, gpt_state, directory)
+    lora = task_info.get("lora")
+    if lora:
+        write_adapter(directory, lora_settings(task_info), lora["base"], adapter_from_state(gpt_state))
+        save_safetensors({"rows": gpt_state["wte.rows"].contiguous()}, directory / SPECIAL_ROWS_NAME)
+    else:
+        save_state_dict(gpt_config, gpt_state, directory)
     save_safetensors({"weight": state["head.weight"], "bias": state["head.bias"]}, directory / HEAD_NAME)
     write_json(directory / TASK_NAME, task_info)
 
 
-def read_task_state(directory: str | Path) -> dict[str, torch.Tensor]:
-    """A TaskModel's state dict from a directory written by :func:`save_task_model`."""
+def read_task_state(
+    directory: str | Path, base_state: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """A TaskModel's state dict from a directory written by :func:`save_task_model`; for a LoRA
+    model, ``base_state`` (the model's own state dict) gives the frozen weights the files lack."""
     directory = Path(directory)
-    state = {f"gpt.{k}": v for k, v in read_state_dict(directory).items()}
+    if is_adapter_dir(directory):
+        if base_state is None:
+            raise ValueError(f"{directory}: a LoRA adapter; its base model's state is needed to read it")
+        _, _, lora_state = read_adapter(directory)
+        state = dict(base_state)
+        state.update({f"gpt.{k}": v for k, v in lora_state.items()})
+        state["gpt.wte.rows"] = read_safetensors(directory / SPECIAL_ROWS_NAME)["rows"]
+    else:
+        state = {f"gpt.{k}": v for k, v in read_state_dict(directory).items()}
     state.update({f"head.{k}": v for k, v in read_safetensors(directory / HEAD_NAME).items()})
     return state
+
+
+def adapter_base_dir(directory: Path, info: dict, base: str | Path | None = None) -> Path:
+    """The base model of an adapter directory: ``base``, else the one ``task.json`` names (as given,
+    or relative to ``directory``)."""
+    base = base or (info.get("lora") or {}).get("base")
+    if not base:
+        raise ValueError(
+            f"{directory / TASK_NAME}: a LoRA adapter without its base model's path ('lora.base')"
+        )
+    base_dir = Path(base)
+    if not base_dir.is_dir() and (directory / base_dir).is_dir():
+        base_dir = directory / base_dir
+    if not base_dir.is_dir():
+        raise FileNotFoundError(
+            f"{directory}: the adapter's base model {str(base)!r} is not a directory (from {TASK_NAME}'s "
+            "lora.base); pass the base model's directory"
+        )
+    return base_dir
+
+
+def lora_task_info(settings: LoRASettings, base: str | None, first_trainable_row: int) -> dict:
+    """What ``task.json`` records of a LoRA model (its ``"lora"`` entry), to rebuild it from its base."""
+    lora = {"rank": settings.rank, "alpha": settings.alpha, "targets": list(settings.targets)}
+    return {"lora": {**lora, "base": base, "first_trainable_row": first_trainable_row}}
+
+
+def lora_settings(info: dict) -> LoRASettings:
+    lora = info["lora"]
+    return LoRASettings(int(lora["rank"]), float(lora["alpha"]), tuple(lora["targets"]))
+
+
+def with_special_rows(gpt: GPT, directory: Path, info: dict) -> tuple[GPT, torch.Tensor]:
+    """``gpt`` grown to the adapter's rows (the special tokens'), and those rows."""
+    rows = read_safetensors(directory / SPECIAL_ROWS_NAME)["rows"]
+    gpt.add_special_tokens(
+        int(info["lora"]["first_trainable_row"]) + rows.size(0) - gpt.config.total_vocab_size
+    )
+    return gpt, rows
+
+
+def lora_gpt(directory: Path, info: dict, base: str | Path | None = None) -> GPT:
+    """The LoRA GPT an adapter directory was trained as: its base model with the special tokens' rows
+    and LoRA layers added; the adapter's own tensors are loaded by the caller."""
+    gpt, _ = with_special_rows(GPT.from_pretrained(adapter_base_dir(directory, info, base)), directory, info)
+    add_lora(gpt, lora_settings(info), int(info["lora"]["first_trainable_row"]))
+    return gpt

@@ -29,7 +29,7 @@ from gptkit.data.tasks import task_metrics
 from gptkit.io import atomic_write, read_json, write_json
 from gptkit.model.task import TaskModel
 from gptkit.paper.scores import TABLE5, TABLE5_AVERAGE, TABLE5_TASKS, TASKS, PaperTask
-from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig, finetune
+from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig, finetune, lora_field
 from gptkit.train.rundir import RunDir
 
 Variant = Literal["full", "no_aux_lm", "no_pretraining"]
@@ -88,6 +88,10 @@ class SuiteConfig:
     lm_coef: float = finetune_field("lm_coef", "λ of the variants with the auxiliary LM.")
     transfer_layers: int | None = finetune_field("transfer_layers")
     max_length: int | None = finetune_field("max_length")
+    # As fine-tuning's flags: every task through LoRA adapters of rank R.
+    lora_rank: int | None = lora_field("rank")
+    lora_alpha: float | None = lora_field("alpha")
+    lora_targets: list[str] = lora_field("targets")
     device: str = finetune_field("device")
 
     def __post_init__(self) -> None:
@@ -168,6 +172,9 @@ def run_task(
             out=str(out_dir),
             lm_coef=0.0 if variant == "no_aux_lm" else config.lm_coef,
             resume=resume,
+            # no_pretraining trains every weight of a random model: LoRA adapts pre-trained ones.
+            lora_rank=None if variant == "no_pretraining" else config.lora_rank,
+            lora_alpha=None if variant == "no_pretraining" else config.lora_alpha,
         ),
         train,
     )

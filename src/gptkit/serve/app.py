@@ -458,7 +458,10 @@ async def _classify(server: _Server, http: Request) -> Response:
         examples = task.encode(request.rows)  # the task's own checks and input transformation
     except DataError as e:
         raise bad_request(f"'input' {e}", "input") from None
-    records = await _pool(served.batchers[CLASSIFY], examples, server.limits)
+    try:
+        records = await _pool(served.batchers[CLASSIFY], examples, server.limits, http)
+    except _ClientLeft:
+        return Response(status_code=499)  # nobody reads this
     prompt_tokens = sum(len(sequence) for example in examples for sequence in example.sequences)
     return JSONResponse(
         classification_body(
@@ -487,15 +490,29 @@ async def _embed(server: _Server, http: Request) -> Response:
                 "context_length_exceeded",
             )
         sequences.append(served.embedding_input(ids))
-    vectors = await _pool(served.batchers[EMBEDDINGS], sequences, server.limits)
+    try:
+        vectors = await _pool(served.batchers[EMBEDDINGS], sequences, server.limits, http)
+    except _ClientLeft:
+        return Response(status_code=499)  # nobody reads this
     prompt_tokens = sum(len(sequence) for sequence in sequences)
     return JSONResponse(embeddings_body(served.name, vectors, prompt_tokens, request.base64))
 
 
-async def _pool(batcher: Batcher, items: list, limits: ServeLimits) -> list:
-    """Run ``items`` in the batcher's next batches; its failures as HTTP errors."""
+class _ClientLeft(Exception):
+    """The client of a waiting classify or embeddings request disconnected."""
+
+
+async def _pool(batcher: Batcher, items: list, limits: ServeLimits, http: Request) -> list:
+    """Run ``items`` in the batcher's next batches; its failures as HTTP errors. A request whose
+    client disconnects while it waits is withdrawn (the batcher skips its inputs not yet run), as
+    a completion's decoding is stopped: raises :class:`_ClientLeft`."""
+    submitted = asyncio.ensure_future(batcher.submit(items, limits.request_timeout))
     try:
-        return await batcher.submit(items, limits.request_timeout)
+        while not submitted.done():
+            await asyncio.wait({submitted}, timeout=_POLL_SECONDS)
+            if not submitted.done() and await http.is_disconnected():
+                raise _ClientLeft
+        return submitted.result()
     except QueueFull as e:
         raise APIError(429, str(e), type="rate_limit_exceeded", code="queue_full") from None
     except EngineStopped as e:
@@ -504,6 +521,8 @@ async def _pool(batcher: Batcher, items: list, limits: ServeLimits) -> list:
         raise _engine_error("timeout") from None
     except BatchFailed:
         raise APIError(500, "the model failed while running this request", type="server_error") from None
+    finally:
+        submitted.cancel()  # a no-op once done; else its inputs leave the queue
 
 
 def _model_not_found(model: str) -> APIError:

@@ -14,6 +14,7 @@ its head W_y reads (GPT-1 §3.2): ``softmax(embedding · W_y)`` is a classificat
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 import sys
 from collections import defaultdict
@@ -23,11 +24,23 @@ from pathlib import Path
 
 import torch
 
-from gptkit.data.tasks import EncodedExample, build_sequences, collate
+from gptkit.data.tasks import EncodedExample, TaskSpec, build_sequences, collate
 from gptkit.generation import load_for_generation
-from gptkit.hardware import resolve_inference_dtype
+from gptkit.hardware import resolve_device, resolve_inference_dtype
+from gptkit.io import read_safetensors
 from gptkit.model import GPT
-from gptkit.model.task import PAD_TO_MULTIPLE, TASK_NAME, TaskModel
+from gptkit.model.lora import AdapterSet, is_adapter_dir, read_adapter
+from gptkit.model.task import (
+    HEAD_NAME,
+    PAD_TO_MULTIPLE,
+    SPECIAL_ROWS_NAME,
+    TASK_NAME,
+    TaskModel,
+    adapter_base_dir,
+    lora_settings,
+    read_task_info,
+    with_special_rows,
+)
 from gptkit.serve.batcher import Batcher
 from gptkit.serve.config import ServeLimits
 from gptkit.serve.engine import Engine
@@ -117,7 +130,8 @@ def embed(gpt: GPT, sequences: list[list[int]]) -> list[list[float]]:
     attention: no real token sees the padding after it)."""
     examples = [EncodedExample([sequence], None) for sequence in sequences]
     batch = collate(examples, pad_to_multiple=PAD_TO_MULTIPLE, max_length=gpt.config.context_length)
-    device = gpt.wte.weight.device
+    # Not wte.weight: under LoRA adapters that joins the embedding's parts, a copy of the table.
+    device = next(gpt.parameters()).device
     hidden = gpt(batch["input_ids"][:, 0].to(device), compute_logits=False).hidden_states  # (N, T, d)
     last = batch["clf_positions"][:, 0].to(device)  # (N,)
     return hidden[torch.arange(len(sequences), device=device), last].float().cpu().tolist()
@@ -185,5 +199,143 @@ def load_model(
 
 
 def load_models(models: Mapping[str, str | Path], limits: ServeLimits, **options) -> list[ServedModel]:
-    """:func:`load_model` for each name and directory, in order."""
-    return [load_model(name, directory, limits, **options) for name, directory in models.items()]
+    """:func:`load_model` for each name and directory, in order; LoRA adapters of one base share one
+    copy of it (:func:`load_adapters`)."""
+    by_base: dict[Path, dict[str, Path]] = defaultdict(dict)
+    for name, directory in models.items():
+        if is_adapter_dir(directory):
+            base = adapter_base_dir(Path(directory), read_task_info(Path(directory))).resolve()
+            by_base[base][name] = Path(directory)
+    served = {}
+    for base, adapters in by_base.items():
+        for model in load_adapters(
+            base, adapters, limits, dtype=options.get("dtype", "auto"), device=options.get("device", "auto")
+        ):
+            served[model.name] = model
+    for name, directory in models.items():
+        if name not in served:
+            served[name] = load_model(name, directory, limits, **options)
+    return [served[name] for name in models]
+
+
+# Many adapters, one base -----------------------------------------------------------------------------
+
+
+def load_adapters(
+    base: Path,
+    adapters: Mapping[str, Path],
+    limits: ServeLimits,
+    *,
+    dtype: str = "auto",
+    device: str = "auto",
+) -> list[ServedModel]:
+    """LoRA adapters of ``base`` served over one copy of its weights. Their classify requests share
+    one batcher: a batch mixes adapters, and its forward runs adapter by adapter (grouped)."""
+    infos = {name: read_task_info(directory) for name, directory in adapters.items()}
+    first, first_info = next(iter(adapters.values())), next(iter(infos.values()))
+    gpt, _ = with_special_rows(GPT.from_pretrained(base), first, first_info)
+    resolved = resolve_device(device)
+    choice = resolve_inference_dtype(dtype, resolved, decoding=False)
+    gpt = gpt.to(device=resolved, dtype=getattr(torch, choice.value)).eval()
+    adapter_set = AdapterSet(gpt, int(first_info["lora"]["first_trainable_row"]))
+    tasks, tokenizers = {}, {}
+    for name, directory in adapters.items():
+        info = infos[name]
+        if int(info["lora"]["first_trainable_row"]) != adapter_set.first_row:
+            raise ValueError(
+                f"{directory}: its special tokens start at another row than {first}'s, over the same base"
+            )
+        _, _, lora_state = read_adapter(directory)
+        rows = read_safetensors(directory / SPECIAL_ROWS_NAME)["rows"]
+        adapter_set.add(name, lora_settings(info), lora_state, rows)
+        tokenizer = shared_tokenizer(directory, tokenizers)
+        task = TaskModel(gpt, TaskSpec(**info["spec"]), 0.0, 0.0, tokenizer)
+        task.head.load_state_dict(read_safetensors(directory / HEAD_NAME))
+        tasks[name] = task.to(device=resolved, dtype=gpt.wte.frozen.dtype).eval()
+    print(
+        f"{', '.join(adapters)}: {len(adapters)} LoRA adapter(s) over one copy of {base.name}; "
+        f"device: {resolved}; dtype: {choice.reason}",
+        file=sys.stderr,
+        flush=True,
+    )
+    batching = dict(
+        max_batch=limits.max_batch, max_queue=limits.max_queue, max_wait=limits.batch_wait_ms / 1000
+    )
+    shared = Batcher(
+        functools.partial(classify_mixed, adapter_set, tasks), name=f"classify-{base.name}", **batching
+    )
+    served = []
+    for name, task in tasks.items():
+        embed_one = functools.partial(embed_with_adapter, adapter_set, name)
+        batchers = {
+            EMBEDDINGS: Batcher(embed_one, name=f"embed-{name}", **batching),
+            CLASSIFY: AdapterBatcher(shared, name),
+        }
+        served.append(ServedModel(name, gpt, task.tokenizer, batchers, task=task))
+    return served
+
+
+# A tokenizer's files, under any of the names Tokenizer.from_pretrained reads.
+_TOKENIZER_FILES = (
+    "tokenizer_config.json",
+    "tokenizer.json",
+    "encoder.json",
+    "vocab.bpe",
+    "encoder_bpe_40000.json",
+    "vocab_40000.bpe",
+)
+
+
+def shared_tokenizer(directory: Path, loaded: dict[str, Tokenizer]) -> Tokenizer:
+    """The tokenizer of ``directory``, loaded once for every directory with the same files (adapters
+    of one base carry copies of its tokenizer: each a few tens of MB in memory once loaded)."""
+    digest = hashlib.sha256()
+    for name in _TOKENIZER_FILES:
+        if (directory / name).is_file():
+            digest.update(name.encode() + b"\0" + (directory / name).read_bytes())
+    key = digest.hexdigest()
+    if key not in loaded:
+        loaded[key] = Tokenizer.from_pretrained(directory)
+    return loaded[key]
+
+
+def classify_mixed(
+    adapters: AdapterSet, tasks: Mapping[str, TaskModel], items: list[tuple[str, EncodedExample]]
+) -> list[dict]:
+    """:func:`classify` of a batch whose inputs are ``(adapter, example)``: grouped by adapter, each
+    group in the base with its adapter in place."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, (name, _) in enumerate(items):
+        groups[name].append(i)
+    records: list[dict] = [{}] * len(items)
+    for name, indices in groups.items():
+        with adapters.using(name):
+            for i, record in zip(indices, classify(tasks[name], [items[i][1] for i in indices])):
+                records[i] = record
+    return records
+
+
+def embed_with_adapter(adapters: AdapterSet, name: str, sequences: list[list[int]]) -> list[list[float]]:
+    with adapters.using(name) as gpt:
+        return embed(gpt, sequences)
+
+
+class AdapterBatcher:
+    """One adapter's door into the batcher its base's adapters share: its inputs go in tagged."""
+
+    def __init__(self, shared: Batcher, adapter: str):
+        self.shared, self.adapter = shared, adapter
+
+    async def submit(self, items: Sequence, timeout: float) -> list:
+        return await self.shared.submit([(self.adapter, item) for item in items], timeout)
+
+    def start(self) -> None:
+        if not self.shared.alive:
+            self.shared.start()
+
+    async def stop(self) -> None:
+        if self.shared.alive:
+            await self.shared.stop()
+
+    def __getattr__(self, name: str):  # alive, queue_length and the counters: the shared batcher's
+        return getattr(self.shared, name)

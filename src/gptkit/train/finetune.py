@@ -35,15 +35,8 @@ from gptkit.data.tasks import (
 from gptkit.hardware import DEVICE_HELP
 from gptkit.io import read_json, write_json
 from gptkit.model import GPT
-from gptkit.model.task import (
-    HEAD_NAME,
-    PAD_TO_MULTIPLE,
-    TASK_NAME,
-    TaskModel,
-    read_task_state,
-    save_task_model,
-)
-from gptkit.model.weights import CONFIG_NAME, SAFETENSORS_NAME
+from gptkit.model.lora import LORA_TARGETS, LoRASettings, add_lora
+from gptkit.model.task import PAD_TO_MULTIPLE, TaskModel, lora_task_info, read_task_state, save_task_model
 from gptkit.tokenizer import Tokenizer
 from gptkit.train.config import TrainConfig
 from gptkit.train.distributed import (
@@ -66,6 +59,26 @@ from gptkit.train.run import (
 from gptkit.train.rundir import RunDir
 
 WARMUP_FRACTION = 0.002  # the paper's warm-up: 0.2% of training
+MERGED_DIR = "merged"  # where --merge writes a LoRA run's full model, inside the run directory
+
+
+def lora_field(name: str):
+    """The dataclass field of LoRA's ``rank``, ``alpha`` or ``targets``: fine-tuning's, and the suite's."""
+    if name == "targets":
+        return field(
+            default_factory=lambda: list(LORA_TARGETS),
+            metadata={
+                "help": "Projections LoRA adapts: c_attn (q, k, v), c_proj (both outputs), c_fc (MLP in) "
+                "(default: all three)."
+            },
+        )
+    help_text = {
+        "rank": "Train LoRA adapters of rank R on the frozen --init model (with the task head and the "
+        "special tokens' rows) instead of every weight; the run saves the adapter alone (default: "
+        "full fine-tuning).",
+        "alpha": "LoRA's α: updates are scaled by α/R (default: 2 × R).",
+    }[name]
+    return field(default=None, metadata={"help": help_text})
 
 
 @dataclass
@@ -121,10 +134,32 @@ class FinetuneConfig(ModelShape):
     resume: bool = field(
         default=False, metadata={"help": "Continue the run in --out from its latest checkpoint."}
     )
+    lora_rank: int | None = lora_field("rank")
+    lora_alpha: float | None = lora_field("alpha")
+    lora_targets: list[str] = lora_field("targets")
+    merge: bool = field(
+        default=False,
+        metadata={"help": "With --lora-rank, also write the adapter merged into a full model in OUT/merged."},
+    )
     device: str = field(default="auto", metadata={"help": DEVICE_HELP})
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.lora_rank is not None:
+            try:
+                self.lora_settings()
+            except ValueError as e:
+                raise config_error(
+                    self, "lora_targets" if "targets" in str(e) else "lora_rank", str(e)
+                ) from e
+            if not self.init or self.random_init:
+                raise config_error(self, "lora_rank", "LoRA adapts a pre-trained model: give --init DIR")
+            if self.transfer_layers is not None:
+                # Re-initialised blocks would be frozen random weights that no adapter file records.
+                raise config_error(self, "transfer_layers", "does not combine with LoRA (--lora-rank)")
+        elif self.lora_alpha is not None or self.merge:
+            flag = "lora_alpha" if self.lora_alpha is not None else "merge"
+            raise config_error(self, flag, "applies to LoRA runs only: give --lora-rank R too")
         for name in ("epochs", "eval_batch_size"):
             if getattr(self, name) <= 0:
                 raise config_error(self, name, f"must be positive, got {getattr(self, name)}")
@@ -138,6 +173,13 @@ class FinetuneConfig(ModelShape):
             raise config_error(self, "lm_coef", f"λ must be >= 0, got {self.lm_coef}")
         if self.transfer_layers is not None and self.transfer_layers < 0:
             raise config_error(self, "transfer_layers", f"must be >= 0, got {self.transfer_layers}")
+
+    def lora_settings(self) -> LoRASettings | None:
+        """The adapter to train, or None for full fine-tuning."""
+        if self.lora_rank is None:
+            return None
+        alpha = 2.0 * self.lora_rank if self.lora_alpha is None else self.lora_alpha
+        return LoRASettings(self.lora_rank, alpha, tuple(self.lora_targets))
 
 
 @dataclass
@@ -212,8 +254,8 @@ class BestModel:
         if self.ctx.is_main:
             staging = self.run_dir.staging(self.run_dir.best)
             self.save_model(staging, state)
-            for name in (CONFIG_NAME, SAFETENSORS_NAME, HEAD_NAME, TASK_NAME):
-                os.replace(staging / name, self.out_dir / name)
+            for path in staging.iterdir():  # the model's files: a full model's, or a LoRA adapter's
+                os.replace(path, self.out_dir / path.name)
             shutil.rmtree(staging, ignore_errors=True)
             write_json(self.run_dir.best, self.best)
 
@@ -249,7 +291,23 @@ def build_gpt(config: FinetuneConfig, tokenizer: Tokenizer, specials: dict[str, 
         gpt.reinitialize_blocks(keep=config.transfer_layers)
     # New rows N(0, 0.02) for _start_, _delimiter_, _classify_ when the model lacks them.
     gpt.add_special_tokens(max(specials.values()) + 1 - gpt.config.total_vocab_size)
+    settings = config.lora_settings()
+    if settings is not None:
+        # Everything frozen but the LoRA matrices and the special tokens' rows (the last rows).
+        add_lora(gpt, settings, first_trainable_row=min(specials.values()))
     return gpt.train()
+
+
+def lora_info(config: FinetuneConfig, specials: dict[str, int]) -> dict:
+    """What ``task.json`` records of a LoRA run, to rebuild its model from the base (none: full)."""
+    settings = config.lora_settings()
+    return {} if settings is None else lora_task_info(settings, config.init, min(specials.values()))
+
+
+def trainable_parameters(model: nn.Module) -> tuple[int, int]:
+    """(parameters trained, all parameters)."""
+    counts = [(p.numel(), p.requires_grad) for p in model.parameters()]
+    return sum(n for n, trained in counts if trained), sum(n for n, _ in counts)
 
 
 def with_dataset_task(config: FinetuneConfig) -> tuple[FinetuneConfig, str]:
@@ -350,7 +408,17 @@ def _finetune(
         )
 
         def save_model(directory: Path, state: dict[str, torch.Tensor]) -> None:
-            save_task_model(directory, gpt.config, state, model.task_info())
+            save_task_model(
+                directory, gpt.config, state, {**model.task_info(), **lora_info(config, specials)}
+            )
+
+        def load_model_state(checkpoint: Path) -> dict[str, torch.Tensor]:
+            # A LoRA checkpoint holds the adapter alone: the frozen rest is the model's own.
+            return read_task_state(checkpoint, model.state_dict())
+
+        trained, total = trainable_parameters(model)
+        if ctx.is_main and config.lora_rank is not None:
+            print(f"LoRA: training {trained:,} of {total:,} parameters ({100 * trained / total:.2f}%)")
 
         def evaluate(module: nn.Module) -> dict[str, float]:
             logits = unwrap(module).logits(encoded_dev, config.eval_batch_size)
@@ -381,8 +449,11 @@ def _finetune(
         if ctx.is_main:
             tokenizer.save_pretrained(out_dir)
         if config.resume:
-            resume_latest(trainer, read_task_state)
+            resume_latest(trainer, load_model_state)
         trainer.fit()
+        if ctx.is_main and config.merge and best.best.get("step") is not None:
+            # The best adapter, applied to its base and merged: a full model like any other.
+            TaskModel.from_pretrained(out_dir, device="cpu").save_pretrained(out_dir / MERGED_DIR)
         results = {
             "task": spec.task,
             "metric": metric,
@@ -392,6 +463,8 @@ def _finetune(
             "examples": examples,
             "lm_coef": config.lm_coef,
             "init": config.init,
+            "trainable_parameters": trained,
+            "parameters": total,
         }
         if ctx.is_main:
             write_json(RunDir(out_dir).results, results)

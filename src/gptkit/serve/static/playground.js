@@ -262,6 +262,147 @@ function showTooltip(span) {
   tip.style.top = `${box.bottom + window.scrollY + 6}px`;
 }
 
+// The classify view --------------------------------------------------------------------------------
+
+// A task's input fields, as /v1/classify reads them: [field, label, rows]; "choices" is one per line.
+const TASK_FIELDS = {
+  classification: [["text", "text", 3]],
+  entailment: [["premise", "premise", 3], ["hypothesis", "hypothesis", 2]],
+  similarity: [["text_a", "first text", 2], ["text_b", "second text", 2]],
+  multiple_choice: [["context", "context", 3], ["question", "question (optional)", 1], ["choices", "choices, one per line", 3]],
+};
+
+let taskModels = [];
+
+function authHeaders() {
+  const headers = { "Content-Type": "application/json" };
+  const key = $("api-key").value.trim();
+  if (key) headers.Authorization = `Bearer ${key}`;
+  return headers;
+}
+
+function classifyStatus(message, isError) {
+  $("classify-status").textContent = message;
+  $("classify-status").className = isError ? "error" : "";
+}
+
+async function loadTaskModels() {
+  const response = await fetch("v1/models", { headers: authHeaders() });
+  if (!response.ok) {
+    classifyStatus(await errorMessage(response), true);
+    return;
+  }
+  taskModels = (await response.json()).data.filter((card) => card.task);
+  const select = $("task-model");
+  select.replaceChildren();
+  for (const card of taskModels) {
+    const option = document.createElement("option");
+    option.value = card.id;
+    option.textContent = `${card.id} (${card.task}${card.regression ? ", score" : ""})`;
+    select.append(option);
+  }
+  select.disabled = $("classify-run").disabled = taskModels.length === 0;
+  classifyStatus(taskModels.length ? `${taskModels.length} task model(s)` : "this server has no task models", false);
+  showTaskFields();
+}
+
+function selectedTaskModel() {
+  return taskModels.find((card) => card.id === $("task-model").value);
+}
+
+function showTaskFields() {
+  const card = selectedTaskModel();
+  const fields = [];
+  for (const [name, label, rows] of card ? TASK_FIELDS[card.task] || [] : []) {
+    const caption = document.createElement("label");
+    caption.htmlFor = `field-${name}`;
+    caption.textContent = label;
+    const area = document.createElement("textarea");
+    area.id = `field-${name}`;
+    area.dataset.field = name;
+    area.rows = rows;
+    area.spellcheck = false;
+    fields.push(caption, area);
+  }
+  $("task-fields").replaceChildren(...fields);
+  $("classify-output").replaceChildren();
+  $("classify-output").dataset.state = "idle";
+}
+
+function taskInput() {
+  const input = {};
+  for (const area of $("task-fields").querySelectorAll("textarea")) {
+    const value = area.value.trim();
+    if (area.dataset.field === "choices") input.choices = value.split("\n").map((c) => c.trim()).filter((c) => c);
+    else if (value || area.dataset.field !== "question") input[area.dataset.field] = value;
+  }
+  return input;
+}
+
+// One bar per class (or choice), in the head's order; the most likely one in bold.
+function showClasses(card, result) {
+  const output = $("classify-output");
+  if (card.regression) {
+    const score = document.createElement("div");
+    score.className = "score";
+    score.dataset.score = String(result.score);
+    score.textContent = `score ${Number(result.score).toFixed(3)}`;
+    output.replaceChildren(score);
+    return;
+  }
+  const names = card.task === "multiple_choice" ? taskInput().choices : card.labels;
+  const rows = result.probs.map((p, i) => {
+    const row = document.createElement("div");
+    row.className = "class-row";
+    row.dataset.label = card.task === "multiple_choice" ? String(i) : names[i];
+    row.dataset.prob = String(p);
+    if (row.dataset.label === String(result.label)) row.classList.add("chosen");
+    const name = document.createElement("span");
+    name.className = "class-name";
+    name.textContent = names[i];
+    const track = document.createElement("span");
+    track.className = "track";
+    const bar = document.createElement("span");
+    bar.className = "bar";
+    bar.style.width = `${(100 * p).toFixed(2)}%`;
+    bar.style.backgroundColor = shade(p);
+    track.append(bar);
+    const prob = document.createElement("span");
+    prob.className = "class-p";
+    prob.textContent = percent(p);
+    row.append(name, track, prob);
+    return row;
+  });
+  output.replaceChildren(...rows);
+}
+
+async function classify() {
+  const card = selectedTaskModel();
+  if (!card) return;
+  const output = $("classify-output");
+  output.dataset.state = "running";
+  classifyStatus("classifying…", false);
+  try {
+    const response = await fetch("v1/classify", {
+      method: "POST",
+      headers: authHeaders(),
+      body: JSON.stringify({ model: card.id, input: [taskInput()] }),
+    });
+    if (!response.ok) {
+      output.replaceChildren();
+      output.dataset.state = "error";
+      classifyStatus(await errorMessage(response), true);
+      return;
+    }
+    showClasses(card, (await response.json()).data[0]);
+    output.dataset.state = "done";
+    classifyStatus("done", false);
+  } catch (error) {
+    output.dataset.state = "error";
+    classifyStatus(String(error), true);
+  }
+}
+
 function init() {
   $("model-name").textContent = meta("gptkit-model");
   const maxTokens = Number(meta("gptkit-max-tokens"));
@@ -283,6 +424,9 @@ function init() {
   output.addEventListener("mouseout", (event) => {
     if (event.target.classList.contains("token")) $("tooltip").hidden = true;
   });
+  $("load-task-models").addEventListener("click", loadTaskModels);
+  $("task-model").addEventListener("change", showTaskFields);
+  $("classify-run").addEventListener("click", classify);
 }
 
 document.addEventListener("DOMContentLoaded", init);

@@ -1,0 +1,146 @@
+"""LoRA against full fine-tuning on a GPT-2-medium-shaped task model: trainable parameters, peak
+memory and update time; gptkit's own LoRA layers against peft's on the same model.
+
+Shape: 24 layers, d 1024, 16 heads, vocabulary 50257 (GPT-2 medium), a classification head, batch 2
+of 32-token sequences, dropout 0, fp32, L3 = L2 + 0.5·L1 as `gptkit finetune` trains. One update is
+forward + backward + AdamW. Each variant runs in a fresh process (its peak RSS is its own): one
+warm-up update, then timed ones; the variants alternate, ROUNDS times, and each keeps its fastest
+round. The time is the process's CPU time per update (all threads), which other load on the machine
+inflates less than the wall clock; both are printed.
+
+  full   every weight trained (what `gptkit finetune` did before LoRA)
+  lora   gptkit.model.lora, rank 8 on c_attn, c_proj, c_fc; special tokens' rows and head trained
+  peft   peft's LoraConfig(r=8, same targets, head in modules_to_save) on the same gptkit model
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+
+from common import comparison, emit
+
+SHAPE = dict(n_layer=24, d_model=1024, n_head=16, vocab=50257, context=1024, batch=2, tokens=32)
+RANK, WARMUP, STEPS, ROUNDS = 8, 1, 2, 2
+
+
+def worker(variant: str) -> None:
+    import torch
+
+    from gptkit import GPT, GPTConfig
+    from gptkit.data.tasks import TaskSpec
+    from gptkit.model.lora import LoRASettings, add_lora
+    from gptkit.model.task import TaskModel
+    from gptkit.train.memory import keep_freed_memory
+    from gptkit.train.optim import build_optimizer
+
+    keep_freed_memory()  # as gptkit's Trainer does on CPU
+    torch.manual_seed(0)
+    s = SHAPE
+    config = GPTConfig(
+        vocab_size=s["vocab"],
+        context_length=s["context"],
+        n_layer=s["n_layer"],
+        n_head=s["n_head"],
+        d_model=s["d_model"],
+        ln_position="pre",
+        dropout=0.0,
+    )
+    gpt = GPT(config)
+    specials = {"_start_": s["vocab"], "_delimiter_": s["vocab"] + 1, "_classify_": s["vocab"] + 2}
+    gpt.add_special_tokens(3)
+    if variant == "lora":
+        add_lora(gpt, LoRASettings(RANK, 2.0 * RANK), first_trainable_row=s["vocab"])
+    model = TaskModel(gpt, TaskSpec("classification", labels=["0", "1"], specials=specials), 0.0, 0.5)
+    if variant == "peft":
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(
+            r=RANK, lora_alpha=2 * RANK, target_modules=["c_attn", "c_proj", "c_fc"], modules_to_save=["head"]
+        )
+        model = get_peft_model(model, lora)
+    model.train()
+    optimizer = build_optimizer(model, 6.25e-5, 0.01)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    ids = torch.randint(0, s["vocab"], (s["batch"], 1, s["tokens"]))
+    batch = dict(
+        input_ids=ids,
+        clf_positions=torch.full((s["batch"], 1), s["tokens"] - 1),
+        lm_labels=ids,
+        targets=torch.randint(0, 2, (s["batch"],)),
+    )
+    cpu_times, wall_times = [], []
+    for step in range(WARMUP + STEPS):
+        cpu, wall = time.process_time(), time.perf_counter()
+        loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step >= WARMUP:
+            cpu_times.append(time.process_time() - cpu)
+            wall_times.append(time.perf_counter() - wall)
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(
+        json.dumps(
+            {
+                "variant": variant,
+                "trainable": trainable,
+                "parameters": total,
+                "peak_rss_mb": round(peak_mb),
+                "cpu_s_per_update": round(sorted(cpu_times)[len(cpu_times) // 2], 2),
+                "wall_s_per_update": round(sorted(wall_times)[len(wall_times) // 2], 2),
+            }
+        )
+    )
+
+
+def main() -> None:
+    results: dict[str, dict] = {}
+    for _ in range(ROUNDS):
+        for variant in ("full", "lora", "peft"):
+            out = subprocess.run(
+                [sys.executable, __file__, "--worker", variant], capture_output=True, text=True, check=True
+            )
+            result = json.loads(out.stdout.strip().splitlines()[-1])
+            if variant not in results or result["cpu_s_per_update"] < results[variant]["cpu_s_per_update"]:
+                results[variant] = result
+    full, lora, peft = results["full"], results["lora"], results["peft"]
+    emit(
+        "lora_finetune",
+        [
+            comparison(
+                "peak memory", "MB", lora["peak_rss_mb"], "full fine-tuning", full["peak_rss_mb"], False
+            ),
+            comparison(
+                "CPU time per update",
+                "s",
+                lora["cpu_s_per_update"],
+                "full fine-tuning",
+                full["cpu_s_per_update"],
+                False,
+            ),
+            comparison(
+                "CPU time per update",
+                "s",
+                lora["cpu_s_per_update"],
+                "peft LoRA",
+                peft["cpu_s_per_update"],
+                False,
+            ),
+        ],
+        shape=SHAPE,
+        rank=RANK,
+        results=results,
+        trainable_fraction=round(lora["trainable"] / full["trainable"], 5),
+    )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        worker(sys.argv[2])
+    else:
+        main()
