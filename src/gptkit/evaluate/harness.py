@@ -52,7 +52,7 @@ class GptkitLM(TemplateLM):
 
     ``pretrained``: the model directory; ``tokenizer``: its tokenizer's directory (default: the
     model's); ``dtype``: float32 (default, exact) or bfloat16; ``batch_size``: sequences per forward
-    pass (lm-eval's ``--batch_size``; ``auto`` means the default, 32); ``device``: cpu, cuda, ...
+    pass (lm-eval's ``--batch_size``; ``auto`` or ``auto:N`` means the default, 32); ``device``: cpu, cuda, ...
     """
 
     def __init__(
@@ -73,7 +73,8 @@ class GptkitLM(TemplateLM):
         self.model = GPT.from_pretrained(pretrained, dtype=getattr(torch, dtype), device=str(self._device))
         self.model.eval()
         self.gptkit_tokenizer = Tokenizer.from_pretrained(tokenizer or pretrained)
-        self.batch_size = DEFAULT_BATCH_SIZE if batch_size in (None, "auto") else int(batch_size)
+        automatic = batch_size is None or str(batch_size).startswith("auto")  # lm-eval's auto, auto:N
+        self.batch_size = DEFAULT_BATCH_SIZE if automatic else int(batch_size)
         self.max_length = self.model.config.context_length
         # What an empty context is scored after, and where generation ends: GPT-2's <|endoftext|>
         # (GPT-1's _start_ where there is none, as gptkit's own scoring does).
