@@ -3,8 +3,9 @@
 (a) GPT-2-small shape: gptkit (KV cache; fp32 in nn.Linear's layout and in the decoding layout that
     `gptkit generate` uses on a CPU, bf16 weights plain and in that layout, int8 weights) against
     GPT2LMHeadModel with its cache.
-    Beside it, gptkit against ONNX Runtime running the same weights exported by `gptkit export --past`
-    (the past-key/value graph), decoded greedily step by step.
+    Beside it, gptkit (the decoding layout, what `gptkit generate` runs on a CPU) against ONNX Runtime
+    running the same weights exported by `gptkit export --past` (the past-key/value graph), decoded
+    greedily step by step.
 (b) GPT-1 shape: gptkit against OpenAIGPTLMHeadModel (which recomputes the sequence every step).
 Random weights (speed does not depend on them); the token ids are checked equal in fp32.
 bf16 weights are kept on CPUs without native bf16: decoding multiplies vectors by matrices, not the
@@ -90,9 +91,12 @@ def onnxruntime_greedy(session, config, prompt: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.concatenate([ids, *steps], axis=1))
 
 
-def onnxruntime_row(model: GPT, prompt: torch.Tensor, directory: str) -> dict:
-    """gptkit's fp32 greedy decoding against ONNX Runtime's on the same weights (ids checked equal)."""
-    what = "greedy new tok/s, GPT-2 small, fp32, gptkit vs ONNX Runtime (gptkit export --past)"
+def onnxruntime_row(model: GPT, decoder: GPT, prompt: torch.Tensor, directory: str) -> dict:
+    """gptkit's fp32 greedy decoding (``decoder``: ``model`` as `gptkit generate` runs it here, in the
+    decoding layout on a CPU) against ONNX Runtime's on ``model``'s export (ids checked equal)."""
+    what = (
+        "greedy new tok/s, GPT-2 small, fp32, gptkit decoding layout vs ONNX Runtime (gptkit export --past)"
+    )
     try:
         import onnxruntime
     except ImportError:
@@ -112,7 +116,7 @@ def onnxruntime_row(model: GPT, prompt: torch.Tensor, directory: str) -> dict:
     return compare(
         what,
         peer,
-        lambda: generate(model, prompt, NEW),
+        lambda: generate(decoder, prompt, NEW),
         lambda: onnxruntime_greedy(session, model.config, prompt),
         True,
     )[0]
@@ -248,7 +252,9 @@ def main() -> None:
             peer_bytes,
             bandwidth,
         )
-        comparisons.append(onnxruntime_row(ours, prompt, tmp))
+        comparisons.append(
+            onnxruntime_row(ours, ours_layout if ours_layout is not None else ours, prompt, tmp)
+        )
         del reference, ours, ours_bf16
 
     with tempfile.TemporaryDirectory() as tmp:

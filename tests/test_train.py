@@ -274,7 +274,7 @@ class InterruptAt:
         self.source.load_state_dict(state)
 
 
-def make_trainer(shards, out_dir, config, model=None, interrupt_at=None):
+def make_trainer(shards, out_dir, config, model=None, interrupt_at=None, **trainer_options):
     model = model or small_model()
     shard = TokenShard.open(shards, "train")
     data = PretrainBatches(WindowSampler(shard, 32, config.batch_size, config.seed))
@@ -288,6 +288,7 @@ def make_trainer(shards, out_dir, config, model=None, interrupt_at=None):
         out_dir,
         save_model=lambda d, s: save_state_dict(model.config, s, d),
         evaluate=evaluate,
+        **trainer_options,
     ), model
 
 

@@ -264,6 +264,34 @@ class GenerateConfig(InferenceConfig):
 
 
 @dataclass
+class HarnessConfig:
+    """lm-evaluation-harness's tasks on a gptkit model (pip install 'gptkit[eval]'); lm-eval's results."""
+
+    model: str = _arg("Model directory: a run directory, or any that GPT.from_pretrained reads.")
+    tasks: list[str] = _arg(
+        "lm-eval task names (hellaswag, lambada_openai, arc_easy, ...; `lm_eval ls tasks` lists them), "
+        "or tasks of your own from --include-path."
+    )
+    include_path: str | None = _arg("A folder of task YAMLs of your own, found beside lm-eval's.", None)
+    include_defaults: bool = _arg(
+        "Index lm-eval's own tasks too (about 15,000; seconds): --no-include-defaults for --include-path's only.",
+        True,
+    )
+    limit: float | None = _arg("Score the first N examples of each task (below 1: that fraction).", None)
+    num_fewshot: int | None = _arg("Examples shown before each question (default: the task's).", None)
+    batch_size: int = _arg("Sequences per forward pass.", 32)
+    dtype: Literal["float32", "bfloat16"] = _arg(
+        "Weights and scores: float32 (exact) or bfloat16.", "float32"
+    )
+    device: str = _arg(DEVICE_HELP, "auto")
+    output_path: str | None = _arg(
+        "Write lm-eval's results file here, as lm_eval --output_path does (DIR/<model>/results_<date>.json).",
+        None,
+    )
+    log_samples: bool = _arg("Also write every example's prompt and scores (with --output-path).", False)
+
+
+@dataclass
 class DemoConfig:
     """The whole job on the sample data: tokenizer, pre-training, fine-tuning, generation."""
 
@@ -488,6 +516,14 @@ class Command:
         return self.summary or (self.configs[0].__doc__ or "").strip().split("\n")[0]
 
 
+def cmd_harness(args: HarnessConfig) -> None:
+    from gptkit.evaluate.harness import results_table, run_harness
+
+    results = run_harness(**dataclasses.asdict(args))  # the same names
+    print(results_table(results), file=sys.stderr)
+    print(json.dumps({"model": args.model, "results": results.get("results", {})}), flush=True)
+
+
 def _commands() -> list[Command]:
     # Imported here rather than at the top: the training modules are the heaviest of the package.
     from gptkit.data.fetch import FetchConfig
@@ -529,6 +565,7 @@ def _commands() -> list[Command]:
         Command("serve", (ServeConfig,), cmd_serve),
         Command("perplexity", (PerplexityConfig,), cmd_perplexity),
         Command("zeroshot", (ZeroshotConfig,), cmd_zeroshot),
+        Command("harness", (HarnessConfig,), cmd_harness),
         Command("analyze tradeoff", (TradeoffConfig,), cmd_tradeoff),
         Command(
             "suite",

@@ -15,6 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -88,7 +89,7 @@ def perplexity(
             # at positions first_target − 1 .. T − 2; the earlier ones were scored by an earlier window.
             first = torch.tensor([first_target - 1 for _, _, first_target in batch], device=device)
             scored = torch.arange(length - 1, device=device) >= first[:, None]  # (B, T-1)
-            picked = _target_logprobs(model, hidden[:, :-1][scored], chunk[:, 1:][scored])
+            picked, _ = _target_logprobs(model, hidden[:, :-1][scored], chunk[:, 1:][scored])
             # Summed in fp64: a long text adds up millions of fp32 log-probabilities.
             nll -= float(picked.double().sum())
             count += picked.numel()
@@ -175,26 +176,41 @@ def _fit_to_context(
     return prefix, continuation
 
 
-def _target_logprobs(model: GPT, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log P(targets[i] | hidden[i]) in fp32, for (N, d) final hidden states and (N,) target ids.
+def _target_logprobs(
+    model: GPT, hidden: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log P(targets[i] | hidden[i]) in fp32, for (N, d) final hidden states and (N,) target ids, and
+    whether each target is the most likely token there (what greedy decoding would pick).
 
     The output layer and the log-softmax run on a chunk of rows at a time, so that at most
     LOGIT_CHUNK_ELEMENTS logits (and their log-softmax) exist at once, however many rows are scored.
     """
     chunk_rows = max(1, LOGIT_CHUNK_ELEMENTS // model.config.total_vocab_size)
     picked = torch.empty(len(targets), device=hidden.device)
+    is_top = torch.empty(len(targets), dtype=torch.bool, device=hidden.device)
     for c in range(0, len(targets), chunk_rows):
         part = slice(c, c + chunk_rows)
         log_probs = model.output_layer(hidden[part]).float().log_softmax(-1)
         picked[part] = log_probs.gather(1, targets[part, None]).squeeze(1)
-    return picked
+        is_top[part] = picked[part] >= log_probs.max(-1).values  # ties count as greedy
+    return picked, is_top
+
+
+class ContinuationScore(NamedTuple):
+    """A continuation's Σ log P(continuation | prefix), its number of tokens, and whether each of its
+    tokens was the most likely one (greedy decoding would have produced it)."""
+
+    logprob: float
+    n_tokens: int
+    greedy: bool
 
 
 @torch.no_grad()
-def continuation_logprobs(
+def continuation_scores(
     model: GPT, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 32
-) -> list[tuple[float, int]]:
-    """continuation_logprob of every (prefix, continuation) pair, in order, many pairs per forward pass.
+) -> list[ContinuationScore]:
+    """continuation_logprob of every (prefix, continuation) pair, in order, many pairs per forward
+    pass, and whether greedy decoding would have produced the continuation.
 
     Each pair is truncated as continuation_logprob truncates it; the pairs run longest first,
     ``batch_size`` at a time, right-padded: with causal attention a real token never attends to the
@@ -209,7 +225,7 @@ def continuation_logprobs(
     # Longest first, so that a batch holds sequences of similar length (little padding) and a batch
     # too large for the memory fails at once rather than at the end.
     order = sorted(range(len(fitted)), key=lambda i: -(len(fitted[i][0]) + len(fitted[i][1])))
-    results: list[tuple[float, int]] = [(0.0, 0)] * len(fitted)
+    results: list[ContinuationScore] = [ContinuationScore(0.0, 0, True)] * len(fitted)
     for begin in range(0, len(order), batch_size):
         rows = order[begin : begin + batch_size]
         sequences = [fitted[i][0] + fitted[i][1] for i in rows]
@@ -228,11 +244,20 @@ def continuation_logprobs(
         row_of, at = scored.nonzero(as_tuple=True)
         targets = ids[row_of, at + 1]
         hidden = model(ids, compute_logits=False).hidden_states
-        picked = _target_logprobs(model, hidden[row_of, at], targets)
+        picked, is_top = _target_logprobs(model, hidden[row_of, at], targets)
         totals = torch.zeros(len(rows), device=device).index_add_(0, row_of, picked).tolist()
+        misses = torch.zeros(len(rows), device=device).index_add_(0, row_of, (~is_top).float()).tolist()
         for row, i in enumerate(rows):
-            results[i] = (totals[row], len(fitted[i][1]))
+            results[i] = ContinuationScore(totals[row], len(fitted[i][1]), misses[row] == 0)
     return results
+
+
+def continuation_logprobs(
+    model: GPT, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 32
+) -> list[tuple[float, int]]:
+    """(Σ log P(continuation | prefix), tokens) of every pair: :func:`continuation_scores` without
+    the greedy flag."""
+    return [(score.logprob, score.n_tokens) for score in continuation_scores(model, pairs, batch_size)]
 
 
 def zeroshot_sentiment(

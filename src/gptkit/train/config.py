@@ -91,11 +91,12 @@ class TrainConfig:
     )
     fsdp: bool = field(default=False, metadata={"help": "Shard with FSDP2 instead of DDP (torchrun only)."})
     progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
-    log_to: list[Literal["tensorboard"]] = field(
+    log_to: list[Literal["tensorboard", "wandb"]] = field(
         default_factory=list,
         metadata={
             "help": "Also log metrics.jsonl's records here: tensorboard (into RUN/tensorboard; needs "
-            "gptkit[tensorboard]). metrics.jsonl is always written."
+            "gptkit[tensorboard]), wandb (a W&B run in RUN/wandb; WANDB_MODE=offline keeps it there; "
+            "needs gptkit[wandb]). metrics.jsonl is always written."
         },
     )
 
@@ -149,7 +150,7 @@ class TrainConfig:
         if not self.eps > 0:
             fail("eps", f"must be > 0, got {self.eps}")
         check_choices(self)  # schedule, precision, on_nonfinite: from their Literal annotations
-        loggers = ("tensorboard",)
+        loggers = ("tensorboard", "wandb")
         unknown = [name for name in self.log_to if name not in loggers]
         if unknown:
             fail("log_to", f"must be among {', '.join(loggers)}, got {', '.join(map(repr, unknown))}")

@@ -121,7 +121,7 @@ class Trainer:
             self.ctx,
         )
         if self.ctx.is_main:
-            metrics_writers = (*metrics_writers, *make_writers(config.log_to, self.run_dir))
+            metrics_writers = (*metrics_writers, *make_writers(config.log_to, self.run_dir, self.run_config))
         self.metrics = MetricsLogger(self.run_dir, metrics_writers, enabled=self.ctx.is_main)
         self.step = 0
         self.tokens_seen = 0

@@ -8,6 +8,7 @@ TensorBoard or W&B run, say) implement :class:`MetricsWriter` and receive the sa
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from pathlib import Path
 from typing import Protocol
@@ -59,7 +60,16 @@ class MetricsLogger:
             writer.close()
 
 
-LOGGERS = ("tensorboard",)
+LOGGERS = ("tensorboard", "wandb")
+
+
+def scalars(record: dict) -> dict[str, float]:
+    """The numbers of a record, under their metrics.jsonl names (the step and flags left out)."""
+    return {
+        name: value
+        for name, value in record.items()
+        if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
 
 
 class TensorBoardWriter:
@@ -76,20 +86,65 @@ class TensorBoardWriter:
         self.writer = SummaryWriter(log_dir=str(directory), flush_secs=10)
 
     def write(self, record: dict) -> None:
-        for name, value in record.items():
-            if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                self.writer.add_scalar(name, value, global_step=record["step"])
+        for name, value in scalars(record).items():
+            self.writer.add_scalar(name, value, global_step=record["step"])
 
     def close(self) -> None:
         self.writer.close()
 
 
-def make_writers(names: list[str] | tuple[str, ...], run_dir: RunDir) -> tuple[MetricsWriter, ...]:
-    """The extra writers ``--log-to`` names, writing into the run directory."""
+class WandbWriter:
+    """The same records as a Weights & Biases run, in ``RUN/wandb``: every number of a record under
+    its metrics.jsonl name, at its step (W&B's own step), and the run's configuration.
+
+    W&B's environment decides where the run goes: ``WANDB_MODE=offline`` keeps it in the run
+    directory (``wandb sync RUN/wandb/offline-run-*`` uploads it later); ``WANDB_PROJECT`` names the
+    project (default ``gptkit``). A resumed run is a new W&B run in the same group (the run
+    directory's name), starting at the step it resumed from.
+    """
+
+    def __init__(self, run_dir: RunDir, config: dict | None = None):
+        try:
+            import wandb
+        except ImportError as e:
+            raise ImportError("--log-to wandb needs the wandb package: pip install 'gptkit[wandb]'") from e
+        name = run_dir.root.resolve().name
+        run_dir.root.mkdir(parents=True, exist_ok=True)  # W&B's files go in RUN/wandb
+        try:
+            self.run = wandb.init(
+                dir=str(run_dir.root),
+                project=os.environ.get("WANDB_PROJECT", "gptkit"),
+                name=name,
+                group=name,
+                config=config or {},
+                # The console stays in the terminal (the progress bar redraws it); W&B gets the numbers.
+                settings=wandb.Settings(console="off"),
+            )
+        except wandb.errors.UsageError as e:  # online without a login, say
+            raise ValueError(
+                f"--log-to wandb: {e} Or set WANDB_MODE=offline to keep the W&B run in "
+                f"{run_dir.root / 'wandb'} and upload it later with `wandb sync`."
+            ) from e
+
+    def write(self, record: dict) -> None:
+        # Records of one step (the update's, then its evaluation's) join one row of W&B's history.
+        self.run.log(scalars(record), step=record["step"])
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def make_writers(
+    names: list[str] | tuple[str, ...], run_dir: RunDir, config: dict | None = None
+) -> tuple[MetricsWriter, ...]:
+    """The extra writers ``--log-to`` names, writing into the run directory; ``config`` (the run's
+    run_config.json) goes with the records where the destination keeps one (W&B)."""
     writers = []
     for name in names:
         if name == "tensorboard":
             writers.append(TensorBoardWriter(run_dir.root / "tensorboard"))
+        elif name == "wandb":
+            writers.append(WandbWriter(run_dir, config))
         else:
             raise ValueError(f"--log-to: unknown logger {name!r}; choose from {', '.join(LOGGERS)}")
     return tuple(writers)
