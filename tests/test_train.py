@@ -319,6 +319,15 @@ def test_loss_falls_and_files_are_written(shards, tmp_path):
     assert len(val) == 3 and val[-1] < val[0] - 0.5 and val[-1] < math.log(50257) - 1.0  # below uniform
     assert (tmp_path / "loss.png").stat().st_size > 1000
     assert json.loads((tmp_path / "checkpoints" / "latest.json").read_text())["step"] == 30
+    # MFU by hand: 6 FLOPs per weight of each matrix per token (the blocks' 12·d², the tied
+    # embedding once, the positions) at the logged pace, over the matmul peak measured here.
+    from gptkit.hardware import matmul_peak_flops
+
+    d, blocks = 32, 2
+    per_token = 6 * (blocks * 12 * d * d + 50257 * d + 32 * d)
+    peak = matmul_peak_flops(torch.device("cpu"), torch.float32)  # cached: the value the run used
+    for r in (r for r in records if "loss" in r):
+        assert r["mfu"] == pytest.approx(r["tokens_per_s"] * per_token / peak, rel=1e-9)
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])

@@ -209,6 +209,26 @@ def _cpu_decoding_prefers_bf16() -> tuple[bool, float]:
     return speedup >= 1.1, speedup
 
 
+@functools.cache
+def matmul_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
+    """FLOP/s of a square matrix product on ``device`` in ``dtype``, measured here: the peak that a
+    training run's model FLOPs utilisation (MFU) is against. Best of 3 after a warm-up; 1024² on a
+    CPU (about 0.1 s in all), 4096² on a GPU."""
+    n = 1024 if device.type == "cpu" else 4096
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    a @ b
+    best = float("inf")
+    for _ in range(3):
+        synchronize()
+        started = time.perf_counter()
+        a @ b
+        synchronize()
+        best = min(best, time.perf_counter() - started)
+    return 2 * n**3 / max(best, 1e-9)
+
+
 def resolve_inference_dtype(dtype: str | None, device: torch.device, decoding: bool = True) -> Choice:
     """Weight dtype for inference. ``auto``: bf16 on a CUDA GPU with bf16; fp32 on MPS; on a CPU,
     for decoding (one token at a time) whichever a short measurement finds faster, and for scoring

@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-from gptkit.hardware import bf16_native, resolve_precision
+from gptkit.hardware import bf16_native, matmul_peak_flops, resolve_precision
 from gptkit.io import write_json
 from gptkit.train.budget import TimeBudget
 from gptkit.train.checkpointer import CheckpointConfig, Checkpointer, SaveModel, set_rng_state
@@ -60,6 +60,13 @@ class BatchSource(Protocol):
 
 class NonFiniteLossError(RuntimeError):
     pass
+
+
+def training_flops_per_token(model: nn.Module) -> float:
+    """6·N: a forward and backward pass's FLOPs per token over the model's N matrix weights (Kaplan
+    et al., 2020; a tied embedding counts once, as the output layer). Attention's scores are left
+    out, as in the usual MFU, so it is a slight undercount at long contexts."""
+    return 6.0 * sum(p.numel() for p in model.parameters() if p.dim() >= 2)
 
 
 def autocast(precision: str, device: torch.device):
@@ -148,6 +155,8 @@ class Trainer:
             keep_freed_memory()  # see gptkit.train.memory: a third of a CPU step otherwise
         self.last_metrics: dict[str, float] = {}
         self.precision = resolve_precision(config.precision, self.ctx.device)
+        self.flops_per_token = training_flops_per_token(unwrap(model))
+        self.peak_flops: float | None = None  # measured when training starts (MFU's denominator)
         # The plan: updates to run and their warm-up. A time budget replaces it once the first
         # updates are timed; the config itself is never changed.
         if config.max_steps is None:
@@ -209,6 +218,8 @@ class Trainer:
         if ctx.is_main:
             print(f"precision: {self.precision.reason}; device: {ctx.device}", flush=True)
             self.out_dir.mkdir(parents=True, exist_ok=True)
+            dtype = torch.bfloat16 if self.precision.value == "bf16" else torch.float32
+            self.peak_flops = matmul_peak_flops(ctx.device, dtype)
             for path in self.run_dir.sweep_debris():
                 print(f"removed {path.name}, left by an interrupted write", flush=True)
             if self.step == 0:  # records of a run that stopped before its first checkpoint go
@@ -390,6 +401,8 @@ class Trainer:
                 "tokens_per_s": tokens_per_s,
                 "tokens_seen": self.tokens_seen,
             }
+            if self.peak_flops:  # model FLOPs utilisation, per device: achieved over the measured peak
+                record["mfu"] = tokens_per_s * self.flops_per_token / (self.ctx.world_size * self.peak_flops)
         if self.evaluate is not None and config.eval_every and (self.step % config.eval_every == 0 or last):
             record = {**(record or {"step": self.step}), **self._evaluate()}
         if record is not None:
