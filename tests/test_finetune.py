@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from gptkit import GPT, GPTConfig
 from gptkit.data.readers import DataError, Example, read_dataset, read_table
 from gptkit.data.tasks import TaskSpec, build_sequences, collate, encode_examples, fit_segments
-from gptkit.evaluate.tasks import evaluate_model, predict
+from gptkit.evaluate.finetuned import evaluate_model, predict
 from gptkit.model.task import TaskModel
 from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig, finetune
 

@@ -113,3 +113,17 @@ def test_no_import_circle_at_module_level():
     for module in sorted(graph):
         visit(module)
     assert not cycles, "\n".join(cycles)
+
+
+def test_the_old_name_of_evaluate_finetuned_still_imports_with_a_warning():
+    import importlib
+    import sys
+
+    import pytest
+
+    import gptkit.evaluate.finetuned as finetuned
+
+    sys.modules.pop("gptkit.evaluate.tasks", None)
+    with pytest.warns(DeprecationWarning, match="import gptkit.evaluate.finetuned"):
+        old = importlib.import_module("gptkit.evaluate.tasks")
+    assert old is finetuned and old.evaluate_model is finetuned.evaluate_model

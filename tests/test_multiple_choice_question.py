@@ -14,7 +14,7 @@ from gptkit.data.tasks import (
     fit_segments,
     special_token_ids,
 )
-from gptkit.evaluate.tasks import predict
+from gptkit.evaluate.finetuned import predict
 from gptkit.model.task import TaskModel
 from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig, finetune
 

@@ -13,7 +13,7 @@ import torch
 
 from gptkit import GPT, GPTConfig
 from gptkit.data.readers import DATASETS, read_dataset
-from gptkit.evaluate.tasks import evaluate_model
+from gptkit.evaluate.finetuned import evaluate_model
 from gptkit.evaluate.zeroshot import zeroshot
 from gptkit.generation import load_for_generation
 from gptkit.paper import suite as suite_module

@@ -377,13 +377,13 @@ def cmd_finetune(config, train) -> None:
 
 
 def cmd_evaluate(config) -> None:
-    from gptkit.evaluate.tasks import evaluate_labelled
+    from gptkit.evaluate.finetuned import evaluate_labelled
 
     print(json.dumps(evaluate_labelled(config)))
 
 
 def cmd_predict(config) -> None:
-    from gptkit.evaluate.tasks import predict_to_file
+    from gptkit.evaluate.finetuned import predict_to_file
 
     records = predict_to_file(config)
     print(f"wrote {len(records)} predictions to {config.out}")
@@ -527,8 +527,8 @@ def cmd_harness(args: HarnessConfig) -> None:
 def _commands() -> list[Command]:
     # Imported here rather than at the top: the training modules are the heaviest of the package.
     from gptkit.data.fetch import FetchConfig
+    from gptkit.evaluate.finetuned import LabelledDataConfig, PredictConfig
     from gptkit.evaluate.lm import PerplexityConfig
-    from gptkit.evaluate.tasks import LabelledDataConfig, PredictConfig
     from gptkit.evaluate.tradeoff import TradeoffConfig
     from gptkit.evaluate.zeroshot import ZeroshotConfig
     from gptkit.export import ExportConfig
