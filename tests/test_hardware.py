@@ -80,6 +80,19 @@ def test_inference_dtype(cpu_flags, monkeypatch):
         hardware.resolve_inference_dtype("half", cpu)
 
 
+def test_precision_and_dtype_take_either_spelling_of_a_format():
+    """One vocabulary: training's precision and inference's dtype each accept fp32/bf16 and
+    float32/bfloat16, and record their own spelling (run_config.json keeps fp32/bf16)."""
+    from gptkit.train.config import TrainConfig
+
+    cpu = torch.device("cpu")
+    assert hardware.resolve_inference_dtype("fp32", cpu) == hardware.Choice("float32", "float32, as asked")
+    assert hardware.resolve_inference_dtype("bf16", cpu).value == "bfloat16"
+    assert hardware.resolve_precision("float32", cpu) == hardware.resolve_precision("fp32", cpu)
+    assert TrainConfig(max_steps=1, precision="bfloat16").precision == "bf16"
+    assert TrainConfig(max_steps=1, precision="float32").precision == "fp32"
+
+
 def test_device_auto_and_explicit_devices():
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     if not torch.cuda.is_available() and torch.backends.mps.is_available():

@@ -112,11 +112,19 @@ def bf16_native(device: torch.device) -> Support:
     return Support(False, f"{device.type} runs fp32 in gptkit (bf16 there is untested)")
 
 
+# One vocabulary of number formats for every command. Training's ``precision`` is what the matrix
+# products compute in (bf16 autocast over fp32 weights), inference's ``dtype`` what the weights are
+# stored in: two settings, so two names, but each takes either spelling of a format.
+AS_PRECISION = {"float32": "fp32", "bfloat16": "bf16"}
+AS_DTYPE = {"fp32": "float32", "bf16": "bfloat16"}
+
+
 def resolve_precision(precision: str, device: torch.device) -> Choice:
     """Training precision: ``auto`` is bf16 autocast where the hardware has it natively, else fp32.
 
     An explicit ``bf16`` on hardware without it still runs, with a warning that says what it costs.
     """
+    precision = AS_PRECISION.get(precision, precision)
     if precision not in ("auto", "fp32", "bf16"):
         raise ValueError(f"precision must be auto, fp32 or bf16, got {precision!r}")
     native = bf16_native(device)
@@ -233,7 +241,7 @@ def resolve_inference_dtype(dtype: str | None, device: torch.device, decoding: b
     """Weight dtype for inference. ``auto``: bf16 on a CUDA GPU with bf16; fp32 on MPS; on a CPU,
     for decoding (one token at a time) whichever a short measurement finds faster, and for scoring
     whole sequences (perplexity, evaluation) bf16 only where the CPU multiplies it natively."""
-    name = "auto" if dtype is None else dtype
+    name = "auto" if dtype is None else AS_DTYPE.get(dtype, dtype)
     if name not in ("auto", "float32", "bfloat16"):
         raise ValueError(f"dtype must be auto, float32 or bfloat16, got {name!r}")
     if name != "auto":

@@ -33,12 +33,12 @@ class InferenceConfig:
     zero-shot and the trade-off sweep). Keyword-only, so that a command's config may add required
     fields before them."""
 
-    dtype: Literal["auto", "float32", "bfloat16"] = field(
+    dtype: Literal["auto", "float32", "bfloat16", "fp32", "bf16"] = field(
         default="auto",
         kw_only=True,
         metadata={
             "help": "Weights: auto (what runs fastest on this hardware, printed with its reason), float32 "
-            "or bfloat16."
+            "or bfloat16 (fp32 and bf16 are the same formats' other names)."
         },
     )
     quantize: Literal["none", "int8"] = field(

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from gptkit.config import check_choices, config_error
+from gptkit.hardware import AS_PRECISION
 
 
 @dataclass
@@ -60,11 +61,11 @@ class TrainConfig:
     beta2: float = field(default=0.999, metadata={"help": "Adam β2."})
     eps: float = field(default=1e-8, metadata={"help": "Adam ε."})
     grad_clip: float = field(default=1.0, metadata={"help": "Global gradient-norm clip (0 disables)."})
-    precision: Literal["auto", "fp32", "bf16"] = field(
+    precision: Literal["auto", "fp32", "bf16", "float32", "bfloat16"] = field(
         default="auto",
         metadata={
             "help": "auto: bf16 autocast where the hardware computes bf16 natively (CUDA with bf16, a CPU "
-            "with AVX512-BF16 or AMX), else fp32."
+            "with AVX512-BF16 or AMX), else fp32 (float32 and bfloat16 are the same formats' other names)."
         },
     )
     time_budget: str | None = field(
@@ -103,6 +104,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         def fail(name: str, problem: str) -> None:
             raise config_error(self, name, problem)
+
+        self.precision = AS_PRECISION.get(self.precision, self.precision)  # recorded as fp32 / bf16
 
         for name in ("max_steps", "micro_batch_size", "checkpoint_every"):
             value = getattr(self, name)
