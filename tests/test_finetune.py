@@ -76,6 +76,24 @@ def test_similarity_head_adds_the_two_orders():
     assert collate([encoded], pad_to_multiple=16, max_length=10)["input_ids"].shape[-1] == 10
 
 
+def test_inference_runs_batches_of_similar_length_and_answers_in_the_callers_order():
+    from gptkit.data.tasks import EncodedExample
+    from gptkit.model.task import length_batches
+
+    lengths = [5, 30, 6, 28, 7, 29]
+    examples = [EncodedExample([[(i * 7 + j) % 100 for j in range(n)]], None) for i, n in enumerate(lengths)]
+    # Shortest first; 28 after 5, 6, 7 would pad 4 × 28 = 112 tokens for 46 real ones (> 1.25×).
+    assert length_batches(examples, batch_size=4) == [[0, 2, 4], [3, 5, 1]]
+    assert length_batches(examples, batch_size=2) == [[0, 2], [4], [3, 5], [1]]
+    model = TaskModel(tiny_gpt(), TaskSpec("classification", labels=["no", "yes"], specials=SPECIALS))
+    one_by_one = torch.cat([model.logits([e], batch_size=1) for e in examples])
+    by_hand = torch.stack(
+        [model.head(model.gpt(torch.tensor(e.sequences)).hidden_states[0, -1]) for e in examples]
+    )
+    torch.testing.assert_close(model.logits(examples, batch_size=4), one_by_one, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(one_by_one, by_hand.detach(), atol=1e-5, rtol=1e-5)
+
+
 def test_l3_is_l2_plus_lambda_l1():
     gpt = tiny_gpt()
     spec = TaskSpec("classification", labels=["no", "yes"], specials=SPECIALS)

@@ -54,6 +54,31 @@ class TaskOutput:
     lm_loss: torch.Tensor | None = None
 
 
+PADDING_SLACK = 1.25  # a batch may compute at most this many times the tokens of its sequences
+
+
+def length_batches(examples: Sequence[EncodedExample], batch_size: int) -> list[list[int]]:
+    """Indices of ``examples`` in batches for inference: shortest first, each batch at most
+    ``batch_size`` examples and at most ``PADDING_SLACK`` times their own tokens once padded to its
+    longest (a longer example starts a new batch)."""
+    lengths = [max(len(sequence) for sequence in example.sequences) for example in examples]
+    batches: list[list[int]] = []
+    real = 0
+    for i in sorted(range(len(examples)), key=lengths.__getitem__):
+        batch = batches[-1] if batches else None
+        if (
+            batch is None
+            or len(batch) == batch_size
+            or (len(batch) + 1) * lengths[i] > PADDING_SLACK * (real + lengths[i])
+        ):
+            batches.append([i])
+            real = lengths[i]
+        else:
+            batch.append(i)
+            real += lengths[i]
+    return batches
+
+
 class TaskModel(nn.Module):
     """A GPT with a linear head on h_n at the extract token, trained on L2 + λ·L1.
 
@@ -139,22 +164,24 @@ class TaskModel(nn.Module):
 
     @torch.no_grad()
     def logits(self, examples: Sequence[EncodedExample], batch_size: int = 64) -> torch.Tensor:
-        """Task logits for every encoded example, in order, in batches."""
+        """Task logits for every encoded example, in order. Examples run shortest first, in batches of
+        at most ``batch_size`` whose padding stays small (:func:`length_batches`): SST-2's sentences
+        run from 3 to 60 tokens, and a batch padded to its longest computes twice the tokens it needs.
+        Padding follows each sequence (attention is causal): it changes no logit beyond float rounding."""
         was_training = self.training
         self.eval()
-        outputs = []
+        logits: list[torch.Tensor | None] = [None] * len(examples)
         try:
-            for start in range(0, len(examples), batch_size):
-                batch = collate(
-                    examples[start : start + batch_size], False, PAD_TO_MULTIPLE, self.spec.max_length
-                )
+            for indices in length_batches(examples, batch_size):
+                batch = collate([examples[i] for i in indices], False, PAD_TO_MULTIPLE, self.spec.max_length)
                 batch.pop("targets", None)
                 batch.pop("lm_labels")
                 batch = {k: v.to(self.device) for k, v in batch.items()}
-                outputs.append(self(**batch).logits.float().cpu())
+                for i, row in zip(indices, self(**batch).logits.float().cpu()):
+                    logits[i] = row
         finally:
             self.train(was_training)
-        return torch.cat(outputs) if outputs else torch.zeros(0)
+        return torch.stack(logits) if logits else torch.zeros(0)
 
     def predict(self, rows: Sequence[Example | Mapping], batch_size: int = 64) -> list[dict]:
         """One record per row, in order: ``label`` (the label name, the choice index, or the score)
