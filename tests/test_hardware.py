@@ -134,3 +134,11 @@ def test_the_decoding_dtype_is_measured_once_per_process():
     first = hardware._cpu_decoding_prefers_bf16()
     assert hardware._cpu_decoding_prefers_bf16() is first  # the same answer, not a new measurement
     assert first[1] > 0
+
+
+def test_measuring_the_matmul_peak_leaves_the_global_random_state_alone():
+    """Training measures it as it starts, after a resume restored the RNG: it must draw nothing."""
+    hardware.matmul_peak_flops.cache_clear()
+    state = torch.get_rng_state()
+    assert hardware.matmul_peak_flops(torch.device("cpu"), torch.float32) > 0
+    assert torch.equal(torch.get_rng_state(), state)

@@ -223,8 +223,11 @@ def matmul_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
     training run's model FLOPs utilisation (MFU) is against. Best of 3 after a warm-up; 1024² on a
     CPU (about 0.1 s in all), 4096² on a GPU."""
     n = 1024 if device.type == "cpu" else 4096
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
+    # A generator of its own: drawing from torch's global one would shift a run's dropout masks, and
+    # a resumed run (which measures again) would no longer end on the uninterrupted run's weights.
+    generator = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, generator=generator).to(dtype)
+    b = torch.randn(n, n, device=device, generator=generator).to(dtype)
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     a @ b
     best = float("inf")
