@@ -20,9 +20,9 @@ from gptkit.io import read_safetensors
 from gptkit.model.lora import (
     LoRALinear,
     LoRASettings,
+    adapter_from_state,
     add_lora,
     merge_lora,
-    peft_adapter_state,
     write_adapter,
 )
 from gptkit.model.task import TaskModel, lora_task_info, save_task_model
@@ -78,7 +78,9 @@ def test_adapter_files_give_equal_logits_in_peft_on_the_transformers_model(tmp_p
     settings = LoRASettings(rank=4, alpha=8.0, targets=("c_attn", "c_proj", "c_fc"))
     base, adapted = randomized_lora_gpt(config, settings)
     base.save_pretrained(tmp_path / "base")
-    write_adapter(tmp_path / "adapter", settings, str(tmp_path / "base"), peft_adapter_state(adapted))
+    write_adapter(
+        tmp_path / "adapter", settings, str(tmp_path / "base"), adapter_from_state(adapted.state_dict())
+    )
 
     hf_class = transformers.GPT2LMHeadModel if ln_position == "pre" else transformers.OpenAIGPTLMHeadModel
     hf = peft.PeftModel.from_pretrained(

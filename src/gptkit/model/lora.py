@@ -151,11 +151,6 @@ def add_lora(gpt: GPT, settings: LoRASettings, first_trainable_row: int | None =
     return names
 
 
-def lora_layers(gpt: GPT) -> dict[str, LoRALinear]:
-    """The GPT's LoRA layers by name (``h.0.attn.c_attn``, ...)."""
-    return {name: m for name, m in gpt.named_modules() if isinstance(m, LoRALinear) and m.lora_A is not None}
-
-
 @torch.no_grad()
 def merge_lora(gpt: GPT) -> GPT:
     """Fold every LoRA update into its weight and join the embedding's parts, in place: a plain GPT."""
@@ -172,15 +167,6 @@ def merge_lora(gpt: GPT) -> GPT:
 
 
 # Files -------------------------------------------------------------------------------------------
-
-
-def peft_adapter_state(gpt: GPT) -> dict[str, torch.Tensor]:
-    """The LoRA matrices under peft's names (A: (r, in), B: (out, r), as peft's for Conv1D too)."""
-    state = {}
-    for name, layer in lora_layers(gpt).items():
-        state[f"{_PEFT_PREFIX}{name}.lora_A.weight"] = layer.lora_A.detach().cpu().contiguous()
-        state[f"{_PEFT_PREFIX}{name}.lora_B.weight"] = layer.lora_B.detach().cpu().contiguous()
-    return state
 
 
 def adapter_from_state(gpt_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
