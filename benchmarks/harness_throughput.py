@@ -18,7 +18,6 @@ beside the timings and must agree (the test suite checks log-likelihoods within 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -29,6 +28,7 @@ from common import DATA, comparison, emit, median
 
 from gptkit import GPT, GPTConfig, Tokenizer
 from gptkit.data.readers import read_dataset
+from gptkit.evaluate.harness import write_local_task
 
 REPEATS = 3
 FULL = dict(n_layer=12, d_model=768, n_head=12, context=1024, stories=100, paragraphs=20)
@@ -81,16 +81,7 @@ def write_tasks(directory: Path, shape: dict) -> list[str]:
         },
     }
     for name, task_rows in rows.items():
-        data = directory / f"{name}.jsonl"
-        data.write_text("".join(json.dumps(row) + "\n" for row in task_rows), encoding="utf-8")
-        task = {
-            "task": name,
-            "dataset_path": "json",
-            "dataset_kwargs": {"data_files": {"test": str(data)}, "cache_dir": str(directory / "cache")},
-            "test_split": "test",
-            **settings[name],
-        }
-        (directory / f"{name}.yaml").write_text(json.dumps(task), encoding="utf-8")
+        write_local_task(directory, name, task_rows, settings[name])
     return list(rows)
 
 

@@ -102,16 +102,7 @@ def task_dir(tmp_path_factory) -> Path:
     """The tasks as lm-eval YAML over local JSON lines (``dataset_path: json``): nothing downloaded."""
     directory = tmp_path_factory.mktemp("tasks")
     for name, (rows, settings) in TASKS.items():
-        data = directory / f"{name}.jsonl"
-        data.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-        task = {
-            "task": name,
-            "dataset_path": "json",
-            "dataset_kwargs": {"data_files": {"test": str(data)}, "cache_dir": str(directory / "cache")},
-            "test_split": "test",
-            **settings,
-        }
-        (directory / f"{name}.yaml").write_text(json.dumps(task), encoding="utf-8")  # JSON is YAML
+        harness.write_local_task(directory, name, rows, settings)
     return directory
 
 

@@ -220,6 +220,25 @@ def run_harness(
     return results
 
 
+def write_local_task(directory: str | Path, name: str, rows: list[dict], settings: dict) -> Path:
+    """An lm-eval task over local rows, for ``include_path=directory``: ``NAME.jsonl`` (the rows) and
+    ``NAME.yaml`` (``dataset_path: json`` over that file, then ``settings``: output_type, doc_to_text,
+    metric_list, ...). Nothing is downloaded; returns the YAML's path."""
+    directory = Path(directory)
+    data = directory / f"{name}.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    task = {
+        "task": name,
+        "dataset_path": "json",
+        "dataset_kwargs": {"data_files": {"test": str(data)}, "cache_dir": str(directory / "cache")},
+        "test_split": "test",
+        **settings,
+    }
+    path = directory / f"{name}.yaml"
+    path.write_text(json.dumps(task), encoding="utf-8")  # JSON is YAML
+    return path
+
+
 def results_table(results: dict) -> str:
     """lm-eval's own table of the results (and of task groups, where there are any)."""
     tables = [make_table(results)]
