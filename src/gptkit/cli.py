@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
+from gptkit.generation.sampling import SamplingParams
 from gptkit.generation.text import InferenceConfig
 from gptkit.hardware import DEVICE_HELP
 
@@ -30,18 +31,25 @@ def _flag(name: str) -> str:
 
 
 def _base_type(annotation):
-    """(python type, choices, is a list) of a field annotation such as ``int | None`` or ``Literal[...]``."""
+    """(python type, choices, container) of a field annotation such as ``int | None``,
+    ``Literal[...]`` or ``tuple[str, ...]``; container is list, tuple or None (one value)."""
     origin = get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         annotation = next(a for a in get_args(annotation) if a is not type(None))
         origin = get_origin(annotation)
-    if origin is list:
+    if origin in (list, tuple):  # list[str], tuple[str, ...]: several values of one type
         kind, choices, _ = _base_type(get_args(annotation)[0])
-        return kind, choices, True
+        return kind, choices, origin
     if origin is Literal:
         choices = list(get_args(annotation))
-        return type(choices[0]), choices, False
-    return annotation, None, False
+        return type(choices[0]), choices, None
+    return annotation, None, None
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
 
 
 def _help(f: dataclasses.Field, default: Any) -> str:
@@ -49,12 +57,13 @@ def _help(f: dataclasses.Field, default: Any) -> str:
     text = f.metadata.get("help", "").replace("%", "%%")
     if "(default" in text or default is dataclasses.MISSING:
         return text
-    shown = "none" if default is None else default
+    shown = "none" if default is None or default == () or default == [] else default
     return f"{text} (default: {shown})"
 
 
 class _DeprecatedFlag(argparse.Action):
-    """An old spelling of a flag, kept for scripts: it says so on stderr, then sets the new one."""
+    """An old spelling of a flag, kept for scripts: it says so on stderr, then sets the new one
+    (a switch without a value, ``--greedy``, sets its ``const``)."""
 
     def __init__(self, option_strings, dest, new_flag: str, **options):
         super().__init__(option_strings, dest, **options)
@@ -62,25 +71,29 @@ class _DeprecatedFlag(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         print(f"{option_string} is deprecated: use {self.new_flag}", file=sys.stderr)
-        setattr(namespace, self.dest, values)
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
 
 
-def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
-    """One flag per field of ``cls`` (positional where the field's metadata says so); a field that is
-    itself a config (``ServeConfig.limits``) contributes its fields' flags. Names in a field's
-    ``deprecated`` metadata are old flags that still set it, with a warning."""
+def add_dataclass_arguments(
+    parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = (), defaults: Any = None
+) -> None:
+    """One flag per field of ``cls`` (positional where the field's metadata says so), its default
+    taken from the ``defaults`` instance when one is given. A field that is itself a config
+    (``ServeConfig.limits``, ``GenerateConfig.sampling``) contributes its fields' flags, with the
+    defaults of the field's default instance. A field's metadata may say more: ``cli=False``, no flag;
+    ``deprecated``, old flags that still set it, hidden, with a warning; ``deprecated_switches``,
+    old flags without a value that set it to one (``--greedy``: ``--temperature 0``)."""
     hints = typing.get_type_hints(cls)
     group = parser.add_argument_group(cls.__name__, (cls.__doc__ or "").split("\n\n")[0])
     for f in dataclasses.fields(cls):
-        if f.name in skip:
+        if f.name in skip or not f.metadata.get("cli", True):
             continue
+        default = _default(f) if defaults is None else getattr(defaults, f.name)
         if dataclasses.is_dataclass(hints[f.name]):
-            add_dataclass_arguments(parser, hints[f.name])
+            add_dataclass_arguments(parser, hints[f.name], defaults=default)
             continue
-        kind, choices, is_list = _base_type(hints[f.name])
-        default = f.default
-        if f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
+        kind, choices, container = _base_type(hints[f.name])
+        is_list = container is not None
         required = default is dataclasses.MISSING
         options: dict[str, Any] = {"help": _help(f, default), "default": None}
         if kind is bool:
@@ -103,23 +116,39 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[st
         for old in f.metadata.get("deprecated", ()):
             hidden = {**options, "help": argparse.SUPPRESS, "action": _DeprecatedFlag}
             group.add_argument(_flag(old), dest=f.name, new_flag=_flag(f.name), **hidden)
+        for old, value in f.metadata.get("deprecated_switches", {}).items():
+            new_flag = f"{_flag(f.name)} {value:g}"
+            group.add_argument(
+                _flag(old), dest=f.name, action=_DeprecatedFlag, nargs=0, const=value, default=None,
+                new_flag=new_flag, help=f"Deprecated spelling of {new_flag}.",
+            )  # fmt: skip
 
 
-def dataclass_from_args(cls, args: argparse.Namespace, file_values: dict[str, Any] | None = None):
-    """Defaults, then values from the config file, then explicit flags."""
-    values = dict(file_values or {})
+def dataclass_from_args(
+    cls, args: argparse.Namespace, file_values: dict[str, Any] | None = None, defaults: Any = None
+):
+    """Defaults (the ``defaults`` instance's values, when given), then values from the config file,
+    then explicit flags. A field that is itself a config is built the same way, from its default
+    instance: ``GenerateConfig().sampling`` starts at 50 tokens, not SamplingParams' 16."""
+    fields = dataclasses.fields(cls)
+    values = {} if defaults is None else {f.name: getattr(defaults, f.name) for f in fields}
+    values.update(file_values or {})
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - names)
+    unknown = sorted(set(file_values or {}) - {f.name for f in fields})
     if unknown:
         raise SystemExit(f"config file: unknown field(s) for {cls.__name__}: {', '.join(unknown)}")
-    for name in names:
-        if dataclasses.is_dataclass(hints[name]):
-            values[name] = dataclass_from_args(hints[name], args)
+    for f in fields:
+        if not f.metadata.get("cli", True):
             continue
-        value = getattr(args, name, None)
+        if dataclasses.is_dataclass(hints[f.name]):
+            start = values.get(f.name, _default(f))
+            values[f.name] = dataclass_from_args(
+                hints[f.name], args, defaults=None if start is dataclasses.MISSING else start
+            )
+            continue
+        value = getattr(args, f.name, None)
         if value is not None:
-            values[name] = value
+            values[f.name] = tuple(value) if _base_type(hints[f.name])[2] is tuple else value
     return cls(**values)
 
 
@@ -249,17 +278,9 @@ class GenerateConfig(InferenceConfig):
     prompt: str = _arg("Text to continue (empty: start from the start/end-of-text token).", "")
     tokenizer: str | None = _arg("Tokenizer directory (default: the model directory).", None)
     interactive: bool = _arg("Read prompts from stdin, one a line, until EOF.", False)
-    max_tokens: int = _arg("Tokens to generate per sample.", 50, deprecated=("max_new_tokens",))
-    temperature: float = _arg(
-        "Divide the logits by this: < 1 safer, > 1 more adventurous; 0: always the most likely token.", 1.0
-    )
-    greedy: bool = _arg("Deprecated spelling of --temperature 0.", False)
-    top_k: int | None = _arg("Sample among the k most likely tokens only.", None)
-    top_p: float | None = _arg("Sample among the most likely tokens whose probability reaches p.", None)
-    repetition_penalty: float = _arg("Penalise tokens already in the text (> 1), CTRL-style.", 1.0)
-    stop: list[str] | None = _arg("Stop before this string (repeatable).", None, repeat=True)
+    # `gptkit generate` continues for 50 tokens (SamplingParams' own default, the server's, is 16).
+    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(max_tokens=50))
     num_samples: int = _arg("Samples per prompt.", 1)
-    seed: int | None = _arg("Random seed, for reproducible samples.", None)
     raw: bool = _arg("Print GPT-1's raw token text (`did n't`) instead of text as written.", False)
 
 
@@ -390,19 +411,9 @@ def cmd_predict(config) -> None:
 
 
 def cmd_generate(args: GenerateConfig) -> None:
-    from gptkit.generation import SamplingParams, load_for_generation, stream_text
+    from gptkit.generation import load_for_generation, stream_text
 
-    if args.greedy:
-        print("--greedy is deprecated: use --temperature 0", file=sys.stderr)
-    params = SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=0.0 if args.greedy else args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        repetition_penalty=args.repetition_penalty,
-        seed=args.seed,
-        stop=tuple(args.stop or ()),
-    )  # checked before the model loads
+    params = args.sampling  # checked as the flags were read, before the model loads
     model, tokenizer = load_for_generation(
         args.model, args.tokenizer, dtype=args.dtype, device=args.device, verbose=True, quantize=args.quantize
     )
