@@ -13,15 +13,10 @@ import json
 import sys
 import types
 import typing
-import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
-
-from gptkit.generation.sampling import SamplingParams
-from gptkit.generation.text import InferenceConfig
-from gptkit.hardware import DEVICE_HELP
 
 # Dataclass flags ----------------------------------------------------------------------------------
 
@@ -82,7 +77,8 @@ def add_dataclass_arguments(
     (``ServeConfig.limits``, ``GenerateConfig.sampling``) contributes its fields' flags, with the
     defaults of the field's default instance. A field's metadata may say more: ``cli=False``, no flag;
     ``deprecated``, old flags that still set it, hidden, with a warning; ``deprecated_switches``,
-    old flags without a value that set it to one (``--greedy``: ``--temperature 0``)."""
+    old flags without a value that set it to one (``--greedy``: ``--temperature 0``);
+    ``replaced_by``, the field is itself an old flag, shown, that warns when used."""
     hints = typing.get_type_hints(cls)
     group = parser.add_argument_group(cls.__name__, (cls.__doc__ or "").split("\n\n")[0])
     for f in dataclasses.fields(cls):
@@ -106,6 +102,8 @@ def add_dataclass_arguments(
                 options["nargs"] = "+" if required else "*"
                 if f.metadata.get("repeat"):  # --stop A --stop B
                     options.update(action="append", nargs=None)
+        if "replaced_by" in f.metadata:  # the field is an old flag itself: it says so when used
+            options.update(action=_DeprecatedFlag, new_flag=_flag(f.metadata["replaced_by"]))
         if f.metadata.get("positional"):
             options.pop("default")
             if not required:
@@ -193,195 +191,35 @@ def _split_file_values(data: dict[str, Any], *classes) -> list[dict[str, Any]]:
     return out
 
 
-def _arg(help: str, default: Any = dataclasses.MISSING, **metadata) -> Any:
-    """A field with its help text: ``_arg("Tokens to generate.", 50)``; no default means required."""
-    return field(default=default, metadata={"help": help, **metadata})
-
-
-# The commands' configs ----------------------------------------------------------------------------
-
-
-@dataclass
-class ConvertConfig:
-    """Convert weights: a HF directory, a gptkit directory or OpenAI's GPT-1 release → a HF/gptkit directory."""
-
-    source: str = _arg("Directory (or hub name) to read.", positional=True)
-    destination: str = _arg("Directory to write (config.json + model.safetensors).", positional=True)
-    n_head: int = _arg("Heads, for OpenAI's release, which does not record them.", 12)
-
-
-@dataclass
-class TokenizerTrainConfig:
-    """Train a BPE vocabulary on your corpus, in GPT-1's or GPT-2's file format."""
-
-    corpus: list[str] = _arg("Text files to learn the merges from.")
-    vocab_size: int = _arg("Tokens in the vocabulary, special tokens included.")
-    out: str = _arg("Directory to write the tokenizer to.")
-    style: Literal["bytelevel", "gpt1"] = _arg(
-        "bytelevel (GPT-2's byte-level BPE) or gpt1 (ftfy + spaCy + </w> word ends).", "bytelevel"
-    )
-    min_frequency: int = _arg("Merge only pairs seen at least this often.", 2)
-
-
-@dataclass
-class TokenizeConfig:
-    """Print the token ids of a file (or stdin), or decode ids back to text."""
-
-    tokenizer: str = _arg("Tokenizer directory.")
-    file: str | None = _arg("Text file (default: stdin).", None, positional=True)
-    decode: bool = _arg("Read whitespace-separated ids and print the text.", False)
-    raw: bool = _arg("With --decode: GPT-1's raw token text, not joined as written.", False)
-
-
-@dataclass
-class PrepareConfig:
-    """Tokenize a corpus into token shards (train.bin, val.bin, meta.json) for pre-training."""
-
-    files: list[str] = _arg(
-        "Corpus files or folders: plain text (one document per file), JSON lines (.jsonl), parquet, "
-        ".arrow, a `datasets` save_to_disk folder (one document per row); text and JSON lines may be "
-        ".gz or .zst.",
-        positional=True,
-    )
-    tokenizer: str = _arg("Tokenizer directory.")
-    out: str = _arg("Directory to write the shards to.")
-    val_fraction: float = _arg(
-        "Share held out for validation: of every plain-text file's bytes; every ⌈1/fraction⌉-th row of a "
-        "row file.",
-        0.05,
-    )
-    text_field: str = _arg(
-        "The field (JSON lines) or column (parquet, arrow) that holds a row's text.", "text"
-    )
-    jsonl_field: str | None = _arg(
-        "Deprecated: --text-field, and every file of no row format read as JSON lines.", None
-    )
-    workers: int | None = _arg(
-        "Processes that tokenize, this one included (default: the CPU cores for GPT-1-style tokenizers, "
-        "1 for byte-level).",
-        None,
-    )
-    errors: Literal["strict", "replace", "ignore"] = _arg(
-        "Bytes that are not UTF-8 in text and JSON lines: replace reads each as U+FFFD and warns with "
-        "their count; strict stops at the first, naming file, line and column; ignore drops them "
-        "silently. Files with NUL bytes are refused in every mode, and with replace also files whose "
-        "start is more than 1% such bytes (binary files).",
-        "replace",
-    )
-
-
-@dataclass
-class GenerateConfig(InferenceConfig):
-    """Generate text from a prompt, printing it as it is decoded."""
-
-    model: str = _arg("Model directory (HF, gptkit or converted GPT-1 release) or hub name.")
-    prompt: str = _arg("Text to continue (empty: start from the start/end-of-text token).", "")
-    tokenizer: str | None = _arg("Tokenizer directory (default: the model directory).", None)
-    interactive: bool = _arg("Read prompts from stdin, one a line, until EOF.", False)
-    # `gptkit generate` continues for 50 tokens (SamplingParams' own default, the server's, is 16).
-    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(max_tokens=50))
-    num_samples: int = _arg("Samples per prompt.", 1)
-    raw: bool = _arg("Print GPT-1's raw token text (`did n't`) instead of text as written.", False)
-
-
-@dataclass
-class HarnessConfig:
-    """lm-evaluation-harness's tasks on a gptkit model (pip install 'gptkit[eval]'); lm-eval's results."""
-
-    model: str = _arg("Model directory: a run directory, or any that GPT.from_pretrained reads.")
-    tasks: list[str] = _arg(
-        "lm-eval task names (hellaswag, lambada_openai, arc_easy, ...; `lm_eval ls tasks` lists them), "
-        "or tasks of your own from --include-path."
-    )
-    include_path: str | None = _arg("A folder of task YAMLs of your own, found beside lm-eval's.", None)
-    include_defaults: bool = _arg(
-        "Index lm-eval's own tasks too (about 15,000; seconds): --no-include-defaults for --include-path's only.",
-        True,
-    )
-    limit: float | None = _arg("Score the first N examples of each task (below 1: that fraction).", None)
-    num_fewshot: int | None = _arg("Examples shown before each question (default: the task's).", None)
-    batch_size: int = _arg("Sequences per forward pass.", 32)
-    dtype: Literal["float32", "bfloat16"] = _arg(
-        "Weights and scores: float32 (exact) or bfloat16.", "float32"
-    )
-    device: str = _arg(DEVICE_HELP, "auto")
-    output_path: str | None = _arg(
-        "Write lm-eval's results file here, as lm_eval --output_path does (DIR/<model>/results_<date>.json).",
-        None,
-    )
-    log_samples: bool = _arg("Also write every example's prompt and scores (with --output-path).", False)
-
-
-@dataclass
-class DemoConfig:
-    """The whole job on the sample data: tokenizer, pre-training, fine-tuning, generation."""
-
-    data: str = _arg("The shared data directory.")
-    out: str = _arg("Run directory (replaced if the demo made it).", "runs/demo")
-    quick: bool = _arg("A much shorter run (seconds), to check the plumbing.", False)
-    time_budget: str = _arg("Wall-clock budget for pre-training.", "5m")
-    precision: Literal["auto", "fp32", "bf16"] = _arg("Training precision (auto: by the hardware).", "auto")
-    device: str = _arg(DEVICE_HELP, "auto")
-    recipe: Literal["minutes", "baseline"] = _arg(
-        "Pre-training recipe: minutes (chosen for a CPU's minutes), or baseline (the demo's before issue 18).",
-        "minutes",
-    )
-
-
 # The commands -------------------------------------------------------------------------------------
 
 
-def cmd_convert(args: ConvertConfig) -> None:
-    from gptkit.model import GPT
-    from gptkit.model.weights import hf_model_type
+def cmd_convert(config) -> None:
+    from gptkit.model.weights import convert_weights, hf_model_type
 
-    model = GPT.from_pretrained(args.source, n_head=args.n_head)
-    model.save_pretrained(args.destination)
+    model = convert_weights(config)
     kind = hf_model_type(model.config)
-    print(f"wrote {args.destination} ({kind} format, {model.num_parameters():,} parameters)")
+    print(f"wrote {config.destination} ({kind} format, {model.num_parameters():,} parameters)")
 
 
-def cmd_tokenizer_train(args: TokenizerTrainConfig) -> None:
-    from gptkit.tokenizer import train_bpe
+def cmd_tokenizer_train(config) -> None:
+    from gptkit.tokenizer.train import train_tokenizer
 
-    tok = train_bpe(
-        args.corpus, args.vocab_size, args.out, style=args.style, min_frequency=args.min_frequency
-    )
-    print(f"wrote {args.out}: {len(tok)} tokens ({args.style})")
+    tokenizer = train_tokenizer(config)
+    print(f"wrote {config.out}: {len(tokenizer)} tokens ({config.style})")
 
 
-def cmd_tokenize(args: TokenizeConfig) -> None:
-    from gptkit.tokenizer import Tokenizer
+def cmd_tokenize(config) -> None:
+    from gptkit.tokenizer.base import tokenize_file
 
-    tok = Tokenizer.from_pretrained(args.tokenizer)
-    text = Path(args.file).read_text(encoding="utf-8") if args.file else sys.stdin.read()
-    if args.decode:
-        ids = [int(x) for x in text.split()]
-        print(tok.decode(ids) if args.raw else tok.decode_text(ids))
-    else:
-        print(" ".join(map(str, tok.encode(text))))
+    print(tokenize_file(config))
 
 
-def cmd_prepare(args: PrepareConfig) -> None:
-    from gptkit.data.shards import prepare
+def cmd_prepare(config) -> None:
+    from gptkit.data.shards import prepare_shards
 
-    field_option = {"text_field": args.text_field}
-    if args.jsonl_field is not None:
-        print("gptkit prepare: --jsonl-field is deprecated: use --text-field", file=sys.stderr)
-        field_option = {"jsonl_field": args.jsonl_field}  # the old meaning: every file is JSON lines
-    with warnings.catch_warnings():  # said once above, in the shell's words
-        warnings.filterwarnings("ignore", category=DeprecationWarning, message="prepare\\(jsonl_field")
-        meta = prepare(
-            args.tokenizer,
-            args.files,
-            args.out,
-            val_fraction=args.val_fraction,
-            workers=args.workers,
-            errors=args.errors,
-            **field_option,
-        )
-    counts = meta["counts"]
-    print(f"wrote {args.out}: {counts['train']:,} training and {counts['val']:,} validation tokens")
+    counts = prepare_shards(config)["counts"]
+    print(f"wrote {config.out}: {counts['train']:,} training and {counts['val']:,} validation tokens")
 
 
 def cmd_pretrain(config, train) -> None:
@@ -410,31 +248,12 @@ def cmd_predict(config) -> None:
     print(f"wrote {len(records)} predictions to {config.out}")
 
 
-def cmd_generate(args: GenerateConfig) -> None:
-    from gptkit.generation import load_for_generation, stream_text
+def cmd_generate(config) -> None:
+    from gptkit.generation.text import generation_session
 
-    params = args.sampling  # checked as the flags were read, before the model loads
-    model, tokenizer = load_for_generation(
-        args.model, args.tokenizer, dtype=args.dtype, device=args.device, verbose=True, quantize=args.quantize
-    )
-    # One seeded generator for the whole session: several samples of a prompt differ, and the same
-    # seed repeats the session (without a seed: torch's global generator).
-    generator = params.generator(next(model.parameters()).device)
-    settings = dict(params=params, raw=args.raw, generator=generator)
-
-    def run(prompt: str) -> None:
-        for _ in range(args.num_samples):
-            sys.stdout.write(prompt)
-            for piece in stream_text(model, tokenizer, prompt, **settings):
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-            sys.stdout.write("\n")
-
-    if args.interactive:
-        for line in sys.stdin:
-            run(line.rstrip("\n"))
-    else:
-        run(args.prompt)
+    for piece in generation_session(config):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
 
 
 def cmd_serve(config) -> None:
@@ -498,18 +317,18 @@ def cmd_figure2_zeroshot(config) -> None:
     print(f"wrote {config.out}/zeroshot.json, zeroshot.md, zeroshot.png")
 
 
-def cmd_demo(args: DemoConfig) -> None:
+def cmd_demo(config) -> None:
     from gptkit.demo import run_demo
 
-    run_demo(
-        Path(args.data),
-        Path(args.out),
-        quick=args.quick,
-        time_budget=args.time_budget,
-        precision=args.precision,
-        device=args.device,
-        recipe=args.recipe,
-    )
+    run_demo(config)
+
+
+def cmd_harness(config) -> None:
+    from gptkit.evaluate.harness import results_table, run_harness
+
+    results = run_harness(config)
+    print(results_table(results), file=sys.stderr)
+    print(json.dumps({"model": config.model, "results": results.get("results", {})}), flush=True)
 
 
 # The parser ---------------------------------------------------------------------------------------
@@ -527,25 +346,24 @@ class Command:
         return self.summary or (self.configs[0].__doc__ or "").strip().split("\n")[0]
 
 
-def cmd_harness(args: HarnessConfig) -> None:
-    from gptkit.evaluate.harness import results_table, run_harness
-
-    results = run_harness(**dataclasses.asdict(args))  # the same names
-    print(results_table(results), file=sys.stderr)
-    print(json.dumps({"model": args.model, "results": results.get("results", {})}), flush=True)
-
-
 def _commands() -> list[Command]:
     # Imported here rather than at the top: the training modules are the heaviest of the package.
     from gptkit.data.fetch import FetchConfig
+    from gptkit.data.shards import PrepareConfig
+    from gptkit.demo import DemoConfig
     from gptkit.evaluate.finetuned import LabelledDataConfig, PredictConfig
+    from gptkit.evaluate.harness import HarnessConfig
     from gptkit.evaluate.lm import PerplexityConfig
     from gptkit.evaluate.tradeoff import TradeoffConfig
     from gptkit.evaluate.zeroshot import ZeroshotConfig
     from gptkit.export import ExportConfig
+    from gptkit.generation.text import GenerateConfig
+    from gptkit.model.weights import ConvertConfig
     from gptkit.paper.figures import TransferConfig, ZeroshotCurveConfig
     from gptkit.paper.suite import SuiteConfig
     from gptkit.serve.config import ServeConfig
+    from gptkit.tokenizer.base import TokenizeConfig
+    from gptkit.tokenizer.train import TokenizerTrainConfig
     from gptkit.train.config import TrainConfig
     from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig
     from gptkit.train.pretrain import PretrainConfig
