@@ -1,8 +1,11 @@
 """`gptkit <command>`: a thin shell over the library. Each command parses flags and calls a function.
 
-Every command's flags are generated from a typed dataclass: its fields become the flags, their
-``help`` metadata the ``--help`` text, their defaults the defaults shown. Training commands take
-``--config FILE`` (YAML or JSON) for the same fields; flags override it.
+Every command's flags are generated from the typed dataclass that its library function takes, which
+lives beside that function (GenerateConfig in gptkit.generation.text, ServeConfig in
+gptkit.serve.config, ...): its fields become the flags, their ``help`` metadata the ``--help`` text,
+their defaults the defaults shown. Here are only the flag generator, the parser and the command
+table; each ``cmd_*`` calls one library function and prints. Training commands take ``--config
+FILE`` (YAML or JSON) for the same fields; flags override it.
 """
 
 from __future__ import annotations
