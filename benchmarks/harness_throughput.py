@@ -103,7 +103,7 @@ def main() -> None:
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    from gptkit.evaluate.harness import GptkitLM
+    from gptkit.evaluate.harness_model import GptkitLM
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir, task_dir = Path(tmp) / "model", Path(tmp) / "tasks"

@@ -362,6 +362,40 @@ def test_flags_come_from_the_library_configs_nested_and_deprecated(capsys):
     # The limits' flags fill the ServeLimits inside ServeConfig; the rest keep ServeLimits' own defaults.
     assert config == ServeConfig(model=["lm=a"], port=9, limits=ServeLimits(max_batch=3, batch_wait_ms=7.0))
     assert config.limits.max_queue == ServeLimits().max_queue == 64
-    args = parser.parse_args(["generate", "--model", "m", "--max-new-tokens", "5"])
-    assert _build_configs(args.command_spec, args)[0].max_tokens == 5
-    assert capsys.readouterr().err == "--max-new-tokens is deprecated: use --max-tokens\n"
+
+
+def test_generate_flags_fill_the_sampling_params_inside_its_config(capsys):
+    """GenerateConfig holds a SamplingParams whose default instance (50 tokens) gives the flags'
+    defaults; repeated --stop makes a tuple; the old spellings still set the same fields."""
+    from gptkit.cli import _build_configs, build_parser
+    from gptkit.generation import SamplingParams
+
+    parser = build_parser()
+
+    def sampling(*flags: str) -> SamplingParams:
+        args = parser.parse_args(["generate", "--model", "m", *flags])
+        (config,) = _build_configs(args.command_spec, args)
+        return config.sampling
+
+    assert sampling() == SamplingParams(max_tokens=50, temperature=1.0)
+    assert sampling("--stop", "a", "--stop", "b", "--top-k", "3", "--seed", "4") == SamplingParams(
+        max_tokens=50, stop=("a", "b"), top_k=3, seed=4
+    )
+    assert capsys.readouterr().err == ""
+    assert sampling("--max-new-tokens", "7", "--greedy") == SamplingParams(max_tokens=7, temperature=0.0)
+    assert capsys.readouterr().err == (
+        "--max-new-tokens is deprecated: use --max-tokens\n--greedy is deprecated: use --temperature 0\n"
+    )
+    with pytest.raises(SystemExit):
+        parser.parse_args(["generate", "--help"])
+    page = " ".join(capsys.readouterr().out.split())
+    assert "Tokens to generate per sample. (default: 50)" in page and "--logprobs" not in page
+    assert "--max-new-tokens" not in page and "Deprecated spelling of --temperature 0." in page
+
+
+def test_a_bad_sampling_value_is_a_one_line_error_before_the_model_loads(tmp_path, capsys):
+    from gptkit.cli import main
+
+    # No model at all: the value is refused first.
+    assert main(["generate", "--model", str(tmp_path / "none"), "--top-p", "1.5"]) == 2
+    assert capsys.readouterr().err == "gptkit generate: error: top_p must be in (0, 1], got 1.5\n"

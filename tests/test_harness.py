@@ -109,16 +109,17 @@ def task_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def evaluated(model_dir, task_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("results")
-    results = harness.run_harness(
-        model_dir,
-        list(TASKS),
-        include_path=task_dir,
+    config = harness.HarnessConfig(
+        model=str(model_dir),
+        tasks=list(TASKS),
+        include_path=str(task_dir),
         include_defaults=False,
         batch_size=2,
         device="cpu",
-        output_path=out,
+        output_path=str(out),
         log_samples=True,
     )
+    results = harness.run_harness(config)
     return results, out
 
 
@@ -177,7 +178,7 @@ def test_multiple_choice_and_loglikelihoods_are_the_models(evaluated, reference)
 def test_rolling_loglikelihood_scores_every_token_once(evaluated, reference):
     (results, _), (model, tokenizer) = evaluated, reference
     eot = tokenizer.special_tokens["<|endoftext|>"]
-    window = CONTEXT - 1  # tokens a window predicts (see GptkitLM.loglikelihood_rolling)
+    window = CONTEXT - 1  # tokens a window predicts (see harness_model.GptkitLM.loglikelihood_rolling)
     for row, sample in zip(ROLLING, samples_of(results, "tiny_rolling")):
         ids = tokenizer.encode(row["text"])
         assert len(ids) <= 2 * window
@@ -235,6 +236,11 @@ def test_without_lm_eval_the_command_names_the_extra(monkeypatch, capsys):
 
     monkeypatch.setitem(sys.modules, "lm_eval", None)  # not installed
     monkeypatch.delitem(sys.modules, "gptkit.evaluate.harness")
+    monkeypatch.delitem(sys.modules, "gptkit.evaluate.harness_model", raising=False)
+    # The command's config imports without lm-eval: every command's flags are read without it.
+    with pytest.raises(SystemExit) as help_page:
+        main(["harness", "--help"])
+    assert help_page.value.code == 0 and "--include-path" in capsys.readouterr().out
     assert main(["harness", "--model", "m", "--tasks", "t"]) == 2
     assert capsys.readouterr().err.strip() == (
         "gptkit harness: error: gptkit harness needs lm-evaluation-harness: pip install 'gptkit[eval]'"

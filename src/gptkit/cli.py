@@ -1,8 +1,11 @@
 """`gptkit <command>`: a thin shell over the library. Each command parses flags and calls a function.
 
-Every command's flags are generated from a typed dataclass: its fields become the flags, their
-``help`` metadata the ``--help`` text, their defaults the defaults shown. Training commands take
-``--config FILE`` (YAML or JSON) for the same fields; flags override it.
+Every command's flags are generated from the typed dataclass that its library function takes, which
+lives beside that function (GenerateConfig in gptkit.generation.text, ServeConfig in
+gptkit.serve.config, ...): its fields become the flags, their ``help`` metadata the ``--help`` text,
+their defaults the defaults shown. Here are only the flag generator, the parser and the command
+table; each ``cmd_*`` calls one library function and prints. Training commands take ``--config
+FILE`` (YAML or JSON) for the same fields; flags override it.
 """
 
 from __future__ import annotations
@@ -13,14 +16,10 @@ import json
 import sys
 import types
 import typing
-import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
-
-from gptkit.generation.text import InferenceConfig
-from gptkit.hardware import DEVICE_HELP
 
 # Dataclass flags ----------------------------------------------------------------------------------
 
@@ -30,18 +29,25 @@ def _flag(name: str) -> str:
 
 
 def _base_type(annotation):
-    """(python type, choices, is a list) of a field annotation such as ``int | None`` or ``Literal[...]``."""
+    """(python type, choices, container) of a field annotation such as ``int | None``,
+    ``Literal[...]`` or ``tuple[str, ...]``; container is list, tuple or None (one value)."""
     origin = get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         annotation = next(a for a in get_args(annotation) if a is not type(None))
         origin = get_origin(annotation)
-    if origin is list:
+    if origin in (list, tuple):  # list[str], tuple[str, ...]: several values of one type
         kind, choices, _ = _base_type(get_args(annotation)[0])
-        return kind, choices, True
+        return kind, choices, origin
     if origin is Literal:
         choices = list(get_args(annotation))
-        return type(choices[0]), choices, False
-    return annotation, None, False
+        return type(choices[0]), choices, None
+    return annotation, None, None
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
 
 
 def _help(f: dataclasses.Field, default: Any) -> str:
@@ -49,12 +55,13 @@ def _help(f: dataclasses.Field, default: Any) -> str:
     text = f.metadata.get("help", "").replace("%", "%%")
     if "(default" in text or default is dataclasses.MISSING:
         return text
-    shown = "none" if default is None else default
+    shown = "none" if default is None or default == () or default == [] else default
     return f"{text} (default: {shown})"
 
 
 class _DeprecatedFlag(argparse.Action):
-    """An old spelling of a flag, kept for scripts: it says so on stderr, then sets the new one."""
+    """An old spelling of a flag, kept for scripts: it says so on stderr, then sets the new one
+    (a switch without a value, ``--greedy``, sets its ``const``)."""
 
     def __init__(self, option_strings, dest, new_flag: str, **options):
         super().__init__(option_strings, dest, **options)
@@ -62,25 +69,30 @@ class _DeprecatedFlag(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None):
         print(f"{option_string} is deprecated: use {self.new_flag}", file=sys.stderr)
-        setattr(namespace, self.dest, values)
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
 
 
-def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
-    """One flag per field of ``cls`` (positional where the field's metadata says so); a field that is
-    itself a config (``ServeConfig.limits``) contributes its fields' flags. Names in a field's
-    ``deprecated`` metadata are old flags that still set it, with a warning."""
+def add_dataclass_arguments(
+    parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = (), defaults: Any = None
+) -> None:
+    """One flag per field of ``cls`` (positional where the field's metadata says so), its default
+    taken from the ``defaults`` instance when one is given. A field that is itself a config
+    (``ServeConfig.limits``, ``GenerateConfig.sampling``) contributes its fields' flags, with the
+    defaults of the field's default instance. A field's metadata may say more: ``cli=False``, no flag;
+    ``deprecated``, old flags that still set it, hidden, with a warning; ``deprecated_switches``,
+    old flags without a value that set it to one (``--greedy``: ``--temperature 0``);
+    ``replaced_by``, the field is itself an old flag, shown, that warns when used."""
     hints = typing.get_type_hints(cls)
     group = parser.add_argument_group(cls.__name__, (cls.__doc__ or "").split("\n\n")[0])
     for f in dataclasses.fields(cls):
-        if f.name in skip:
+        if f.name in skip or not f.metadata.get("cli", True):
             continue
+        default = _default(f) if defaults is None else getattr(defaults, f.name)
         if dataclasses.is_dataclass(hints[f.name]):
-            add_dataclass_arguments(parser, hints[f.name])
+            add_dataclass_arguments(parser, hints[f.name], defaults=default)
             continue
-        kind, choices, is_list = _base_type(hints[f.name])
-        default = f.default
-        if f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
+        kind, choices, container = _base_type(hints[f.name])
+        is_list = container is not None
         required = default is dataclasses.MISSING
         options: dict[str, Any] = {"help": _help(f, default), "default": None}
         if kind is bool:
@@ -93,6 +105,8 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[st
                 options["nargs"] = "+" if required else "*"
                 if f.metadata.get("repeat"):  # --stop A --stop B
                     options.update(action="append", nargs=None)
+        if "replaced_by" in f.metadata:  # the field is an old flag itself: it says so when used
+            options.update(action=_DeprecatedFlag, new_flag=_flag(f.metadata["replaced_by"]))
         if f.metadata.get("positional"):
             options.pop("default")
             if not required:
@@ -103,23 +117,39 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, skip: tuple[st
         for old in f.metadata.get("deprecated", ()):
             hidden = {**options, "help": argparse.SUPPRESS, "action": _DeprecatedFlag}
             group.add_argument(_flag(old), dest=f.name, new_flag=_flag(f.name), **hidden)
+        for old, value in f.metadata.get("deprecated_switches", {}).items():
+            new_flag = f"{_flag(f.name)} {value:g}"
+            group.add_argument(
+                _flag(old), dest=f.name, action=_DeprecatedFlag, nargs=0, const=value, default=None,
+                new_flag=new_flag, help=f"Deprecated spelling of {new_flag}.",
+            )  # fmt: skip
 
 
-def dataclass_from_args(cls, args: argparse.Namespace, file_values: dict[str, Any] | None = None):
-    """Defaults, then values from the config file, then explicit flags."""
-    values = dict(file_values or {})
+def dataclass_from_args(
+    cls, args: argparse.Namespace, file_values: dict[str, Any] | None = None, defaults: Any = None
+):
+    """Defaults (the ``defaults`` instance's values, when given), then values from the config file,
+    then explicit flags. A field that is itself a config is built the same way, from its default
+    instance: ``GenerateConfig().sampling`` starts at 50 tokens, not SamplingParams' 16."""
+    fields = dataclasses.fields(cls)
+    values = {} if defaults is None else {f.name: getattr(defaults, f.name) for f in fields}
+    values.update(file_values or {})
     hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - names)
+    unknown = sorted(set(file_values or {}) - {f.name for f in fields})
     if unknown:
         raise SystemExit(f"config file: unknown field(s) for {cls.__name__}: {', '.join(unknown)}")
-    for name in names:
-        if dataclasses.is_dataclass(hints[name]):
-            values[name] = dataclass_from_args(hints[name], args)
+    for f in fields:
+        if not f.metadata.get("cli", True):
             continue
-        value = getattr(args, name, None)
+        if dataclasses.is_dataclass(hints[f.name]):
+            start = values.get(f.name, _default(f))
+            values[f.name] = dataclass_from_args(
+                hints[f.name], args, defaults=None if start is dataclasses.MISSING else start
+            )
+            continue
+        value = getattr(args, f.name, None)
         if value is not None:
-            values[name] = value
+            values[f.name] = tuple(value) if _base_type(hints[f.name])[2] is tuple else value
     return cls(**values)
 
 
@@ -164,203 +194,35 @@ def _split_file_values(data: dict[str, Any], *classes) -> list[dict[str, Any]]:
     return out
 
 
-def _arg(help: str, default: Any = dataclasses.MISSING, **metadata) -> Any:
-    """A field with its help text: ``_arg("Tokens to generate.", 50)``; no default means required."""
-    return field(default=default, metadata={"help": help, **metadata})
-
-
-# The commands' configs ----------------------------------------------------------------------------
-
-
-@dataclass
-class ConvertConfig:
-    """Convert weights: a HF directory, a gptkit directory or OpenAI's GPT-1 release → a HF/gptkit directory."""
-
-    source: str = _arg("Directory (or hub name) to read.", positional=True)
-    destination: str = _arg("Directory to write (config.json + model.safetensors).", positional=True)
-    n_head: int = _arg("Heads, for OpenAI's release, which does not record them.", 12)
-
-
-@dataclass
-class TokenizerTrainConfig:
-    """Train a BPE vocabulary on your corpus, in GPT-1's or GPT-2's file format."""
-
-    corpus: list[str] = _arg("Text files to learn the merges from.")
-    vocab_size: int = _arg("Tokens in the vocabulary, special tokens included.")
-    out: str = _arg("Directory to write the tokenizer to.")
-    style: Literal["bytelevel", "gpt1"] = _arg(
-        "bytelevel (GPT-2's byte-level BPE) or gpt1 (ftfy + spaCy + </w> word ends).", "bytelevel"
-    )
-    min_frequency: int = _arg("Merge only pairs seen at least this often.", 2)
-
-
-@dataclass
-class TokenizeConfig:
-    """Print the token ids of a file (or stdin), or decode ids back to text."""
-
-    tokenizer: str = _arg("Tokenizer directory.")
-    file: str | None = _arg("Text file (default: stdin).", None, positional=True)
-    decode: bool = _arg("Read whitespace-separated ids and print the text.", False)
-    raw: bool = _arg("With --decode: GPT-1's raw token text, not joined as written.", False)
-
-
-@dataclass
-class PrepareConfig:
-    """Tokenize a corpus into token shards (train.bin, val.bin, meta.json) for pre-training."""
-
-    files: list[str] = _arg(
-        "Corpus files or folders: plain text (one document per file), JSON lines (.jsonl), parquet, "
-        ".arrow, a `datasets` save_to_disk folder (one document per row); text and JSON lines may be "
-        ".gz or .zst.",
-        positional=True,
-    )
-    tokenizer: str = _arg("Tokenizer directory.")
-    out: str = _arg("Directory to write the shards to.")
-    val_fraction: float = _arg(
-        "Share held out for validation: of every plain-text file's bytes; every ⌈1/fraction⌉-th row of a "
-        "row file.",
-        0.05,
-    )
-    text_field: str = _arg(
-        "The field (JSON lines) or column (parquet, arrow) that holds a row's text.", "text"
-    )
-    jsonl_field: str | None = _arg(
-        "Deprecated: --text-field, and every file of no row format read as JSON lines.", None
-    )
-    workers: int | None = _arg(
-        "Processes that tokenize, this one included (default: the CPU cores for GPT-1-style tokenizers, "
-        "1 for byte-level).",
-        None,
-    )
-    errors: Literal["strict", "replace", "ignore"] = _arg(
-        "Bytes that are not UTF-8 in text and JSON lines: replace reads each as U+FFFD and warns with "
-        "their count; strict stops at the first, naming file, line and column; ignore drops them "
-        "silently. Files with NUL bytes are refused in every mode, and with replace also files whose "
-        "start is more than 1% such bytes (binary files).",
-        "replace",
-    )
-
-
-@dataclass
-class GenerateConfig(InferenceConfig):
-    """Generate text from a prompt, printing it as it is decoded."""
-
-    model: str = _arg("Model directory (HF, gptkit or converted GPT-1 release) or hub name.")
-    prompt: str = _arg("Text to continue (empty: start from the start/end-of-text token).", "")
-    tokenizer: str | None = _arg("Tokenizer directory (default: the model directory).", None)
-    interactive: bool = _arg("Read prompts from stdin, one a line, until EOF.", False)
-    max_tokens: int = _arg("Tokens to generate per sample.", 50, deprecated=("max_new_tokens",))
-    temperature: float = _arg(
-        "Divide the logits by this: < 1 safer, > 1 more adventurous; 0: always the most likely token.", 1.0
-    )
-    greedy: bool = _arg("Deprecated spelling of --temperature 0.", False)
-    top_k: int | None = _arg("Sample among the k most likely tokens only.", None)
-    top_p: float | None = _arg("Sample among the most likely tokens whose probability reaches p.", None)
-    repetition_penalty: float = _arg("Penalise tokens already in the text (> 1), CTRL-style.", 1.0)
-    stop: list[str] | None = _arg("Stop before this string (repeatable).", None, repeat=True)
-    num_samples: int = _arg("Samples per prompt.", 1)
-    seed: int | None = _arg("Random seed, for reproducible samples.", None)
-    raw: bool = _arg("Print GPT-1's raw token text (`did n't`) instead of text as written.", False)
-
-
-@dataclass
-class HarnessConfig:
-    """lm-evaluation-harness's tasks on a gptkit model (pip install 'gptkit[eval]'); lm-eval's results."""
-
-    model: str = _arg("Model directory: a run directory, or any that GPT.from_pretrained reads.")
-    tasks: list[str] = _arg(
-        "lm-eval task names (hellaswag, lambada_openai, arc_easy, ...; `lm_eval ls tasks` lists them), "
-        "or tasks of your own from --include-path."
-    )
-    include_path: str | None = _arg("A folder of task YAMLs of your own, found beside lm-eval's.", None)
-    include_defaults: bool = _arg(
-        "Index lm-eval's own tasks too (about 15,000; seconds): --no-include-defaults for --include-path's only.",
-        True,
-    )
-    limit: float | None = _arg("Score the first N examples of each task (below 1: that fraction).", None)
-    num_fewshot: int | None = _arg("Examples shown before each question (default: the task's).", None)
-    batch_size: int = _arg("Sequences per forward pass.", 32)
-    dtype: Literal["float32", "bfloat16"] = _arg(
-        "Weights and scores: float32 (exact) or bfloat16.", "float32"
-    )
-    device: str = _arg(DEVICE_HELP, "auto")
-    output_path: str | None = _arg(
-        "Write lm-eval's results file here, as lm_eval --output_path does (DIR/<model>/results_<date>.json).",
-        None,
-    )
-    log_samples: bool = _arg("Also write every example's prompt and scores (with --output-path).", False)
-
-
-@dataclass
-class DemoConfig:
-    """The whole job on the sample data: tokenizer, pre-training, fine-tuning, generation."""
-
-    data: str = _arg("The shared data directory.")
-    out: str = _arg("Run directory (replaced if the demo made it).", "runs/demo")
-    quick: bool = _arg("A much shorter run (seconds), to check the plumbing.", False)
-    time_budget: str = _arg("Wall-clock budget for pre-training.", "5m")
-    precision: Literal["auto", "fp32", "bf16"] = _arg("Training precision (auto: by the hardware).", "auto")
-    device: str = _arg(DEVICE_HELP, "auto")
-    recipe: Literal["minutes", "baseline"] = _arg(
-        "Pre-training recipe: minutes (chosen for a CPU's minutes), or baseline (the demo's before issue 18).",
-        "minutes",
-    )
-
-
 # The commands -------------------------------------------------------------------------------------
 
 
-def cmd_convert(args: ConvertConfig) -> None:
-    from gptkit.model import GPT
-    from gptkit.model.weights import hf_model_type
+def cmd_convert(config) -> None:
+    from gptkit.model.weights import convert_weights, hf_model_type
 
-    model = GPT.from_pretrained(args.source, n_head=args.n_head)
-    model.save_pretrained(args.destination)
+    model = convert_weights(config)
     kind = hf_model_type(model.config)
-    print(f"wrote {args.destination} ({kind} format, {model.num_parameters():,} parameters)")
+    print(f"wrote {config.destination} ({kind} format, {model.num_parameters():,} parameters)")
 
 
-def cmd_tokenizer_train(args: TokenizerTrainConfig) -> None:
-    from gptkit.tokenizer import train_bpe
+def cmd_tokenizer_train(config) -> None:
+    from gptkit.tokenizer.train import train_tokenizer
 
-    tok = train_bpe(
-        args.corpus, args.vocab_size, args.out, style=args.style, min_frequency=args.min_frequency
-    )
-    print(f"wrote {args.out}: {len(tok)} tokens ({args.style})")
+    tokenizer = train_tokenizer(config)
+    print(f"wrote {config.out}: {len(tokenizer)} tokens ({config.style})")
 
 
-def cmd_tokenize(args: TokenizeConfig) -> None:
-    from gptkit.tokenizer import Tokenizer
+def cmd_tokenize(config) -> None:
+    from gptkit.tokenizer.base import tokenize_file
 
-    tok = Tokenizer.from_pretrained(args.tokenizer)
-    text = Path(args.file).read_text(encoding="utf-8") if args.file else sys.stdin.read()
-    if args.decode:
-        ids = [int(x) for x in text.split()]
-        print(tok.decode(ids) if args.raw else tok.decode_text(ids))
-    else:
-        print(" ".join(map(str, tok.encode(text))))
+    print(tokenize_file(config))
 
 
-def cmd_prepare(args: PrepareConfig) -> None:
-    from gptkit.data.shards import prepare
+def cmd_prepare(config) -> None:
+    from gptkit.data.shards import prepare_shards
 
-    field_option = {"text_field": args.text_field}
-    if args.jsonl_field is not None:
-        print("gptkit prepare: --jsonl-field is deprecated: use --text-field", file=sys.stderr)
-        field_option = {"jsonl_field": args.jsonl_field}  # the old meaning: every file is JSON lines
-    with warnings.catch_warnings():  # said once above, in the shell's words
-        warnings.filterwarnings("ignore", category=DeprecationWarning, message="prepare\\(jsonl_field")
-        meta = prepare(
-            args.tokenizer,
-            args.files,
-            args.out,
-            val_fraction=args.val_fraction,
-            workers=args.workers,
-            errors=args.errors,
-            **field_option,
-        )
-    counts = meta["counts"]
-    print(f"wrote {args.out}: {counts['train']:,} training and {counts['val']:,} validation tokens")
+    counts = prepare_shards(config)["counts"]
+    print(f"wrote {config.out}: {counts['train']:,} training and {counts['val']:,} validation tokens")
 
 
 def cmd_pretrain(config, train) -> None:
@@ -389,41 +251,12 @@ def cmd_predict(config) -> None:
     print(f"wrote {len(records)} predictions to {config.out}")
 
 
-def cmd_generate(args: GenerateConfig) -> None:
-    from gptkit.generation import SamplingParams, load_for_generation, stream_text
+def cmd_generate(config) -> None:
+    from gptkit.generation.text import generation_session
 
-    if args.greedy:
-        print("--greedy is deprecated: use --temperature 0", file=sys.stderr)
-    params = SamplingParams(
-        max_tokens=args.max_tokens,
-        temperature=0.0 if args.greedy else args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        repetition_penalty=args.repetition_penalty,
-        seed=args.seed,
-        stop=tuple(args.stop or ()),
-    )  # checked before the model loads
-    model, tokenizer = load_for_generation(
-        args.model, args.tokenizer, dtype=args.dtype, device=args.device, verbose=True, quantize=args.quantize
-    )
-    # One seeded generator for the whole session: several samples of a prompt differ, and the same
-    # seed repeats the session (without a seed: torch's global generator).
-    generator = params.generator(next(model.parameters()).device)
-    settings = dict(params=params, raw=args.raw, generator=generator)
-
-    def run(prompt: str) -> None:
-        for _ in range(args.num_samples):
-            sys.stdout.write(prompt)
-            for piece in stream_text(model, tokenizer, prompt, **settings):
-                sys.stdout.write(piece)
-                sys.stdout.flush()
-            sys.stdout.write("\n")
-
-    if args.interactive:
-        for line in sys.stdin:
-            run(line.rstrip("\n"))
-    else:
-        run(args.prompt)
+    for piece in generation_session(config):
+        sys.stdout.write(piece)
+        sys.stdout.flush()
 
 
 def cmd_serve(config) -> None:
@@ -487,18 +320,18 @@ def cmd_figure2_zeroshot(config) -> None:
     print(f"wrote {config.out}/zeroshot.json, zeroshot.md, zeroshot.png")
 
 
-def cmd_demo(args: DemoConfig) -> None:
+def cmd_demo(config) -> None:
     from gptkit.demo import run_demo
 
-    run_demo(
-        Path(args.data),
-        Path(args.out),
-        quick=args.quick,
-        time_budget=args.time_budget,
-        precision=args.precision,
-        device=args.device,
-        recipe=args.recipe,
-    )
+    run_demo(config)
+
+
+def cmd_harness(config) -> None:
+    from gptkit.evaluate.harness import results_table, run_harness
+
+    results = run_harness(config)
+    print(results_table(results), file=sys.stderr)
+    print(json.dumps({"model": config.model, "results": results.get("results", {})}), flush=True)
 
 
 # The parser ---------------------------------------------------------------------------------------
@@ -516,25 +349,24 @@ class Command:
         return self.summary or (self.configs[0].__doc__ or "").strip().split("\n")[0]
 
 
-def cmd_harness(args: HarnessConfig) -> None:
-    from gptkit.evaluate.harness import results_table, run_harness
-
-    results = run_harness(**dataclasses.asdict(args))  # the same names
-    print(results_table(results), file=sys.stderr)
-    print(json.dumps({"model": args.model, "results": results.get("results", {})}), flush=True)
-
-
 def _commands() -> list[Command]:
     # Imported here rather than at the top: the training modules are the heaviest of the package.
     from gptkit.data.fetch import FetchConfig
+    from gptkit.data.shards import PrepareConfig
+    from gptkit.demo import DemoConfig
     from gptkit.evaluate.finetuned import LabelledDataConfig, PredictConfig
+    from gptkit.evaluate.harness import HarnessConfig
     from gptkit.evaluate.lm import PerplexityConfig
     from gptkit.evaluate.tradeoff import TradeoffConfig
     from gptkit.evaluate.zeroshot import ZeroshotConfig
     from gptkit.export import ExportConfig
+    from gptkit.generation.text import GenerateConfig
+    from gptkit.model.weights import ConvertConfig
     from gptkit.paper.figures import TransferConfig, ZeroshotCurveConfig
     from gptkit.paper.suite import SuiteConfig
     from gptkit.serve.config import ServeConfig
+    from gptkit.tokenizer.base import TokenizeConfig
+    from gptkit.tokenizer.train import TokenizerTrainConfig
     from gptkit.train.config import TrainConfig
     from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig
     from gptkit.train.pretrain import PretrainConfig

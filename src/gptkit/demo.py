@@ -24,8 +24,9 @@ import json
 import shutil
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -35,6 +36,7 @@ from gptkit.data.shards import TokenShard, prepare
 from gptkit.evaluate.finetuned import correct_per_example
 from gptkit.evaluate.tradeoff import passages_from_text, sweep
 from gptkit.generation import SamplingParams, generate_text, load_for_generation
+from gptkit.hardware import DEVICE_HELP
 from gptkit.io import write_json
 from gptkit.tokenizer import train_bpe
 from gptkit.train.config import TrainConfig, parse_duration
@@ -268,24 +270,40 @@ def recommended_sampling(model, shards: Path) -> dict:
     return report["recommended"]
 
 
-def run_demo(
-    data: Path,
-    out: Path,
-    quick: bool = False,
-    time_budget: str = "5m",
-    precision: str = "auto",
-    device: str = "auto",
-    recipe: str = DEMO_RECIPE,
-) -> dict:
-    """Run every stage; write ``summary.json`` in ``out`` and return it.
+@dataclass
+class DemoConfig:
+    """The whole job on the sample data: tokenizer, pre-training, fine-tuning, generation."""
+
+    data: str = field(metadata={"help": "The shared data directory."})
+    out: str = field(default="runs/demo", metadata={"help": "Run directory (replaced if the demo made it)."})
+    quick: bool = field(
+        default=False, metadata={"help": "A much shorter run (seconds), to check the plumbing."}
+    )
+    time_budget: str = field(default="5m", metadata={"help": "Wall-clock budget for pre-training."})
+    precision: Literal["auto", "fp32", "bf16"] = field(
+        default="auto", metadata={"help": "Training precision (auto: by the hardware)."}
+    )
+    device: str = field(default="auto", metadata={"help": DEVICE_HELP})
+    recipe: Literal["minutes", "baseline"] = field(
+        default=DEMO_RECIPE,
+        metadata={
+            "help": "Pre-training recipe: minutes (chosen for a CPU's minutes), or baseline (the demo's "
+            "before issue 18)."
+        },
+    )
+
+
+def run_demo(config: DemoConfig) -> dict:
+    """Run every stage; write ``summary.json`` in ``config.out`` and return it.
 
     ``time_budget`` bounds pre-training (``quick`` runs a fixed 20 updates instead); ``precision``
     and ``device`` are the training commands' (auto: by the hardware); ``recipe`` names one of
     ``RECIPES``.
     """
-    parse_duration(time_budget)  # a bad budget fails now, not after the tokenizer's minutes
-    if recipe not in RECIPES:
-        raise ValueError(f"unknown recipe {recipe!r}; choose one of: {', '.join(RECIPES)}")
+    data, out = Path(config.data), Path(config.out)
+    parse_duration(config.time_budget)  # a bad budget fails now, not after the tokenizer's minutes
+    if config.recipe not in RECIPES:
+        raise ValueError(f"unknown recipe {config.recipe!r}; choose one of: {', '.join(RECIPES)}")
     if out.exists():
         if not (out / MARKER).exists():
             raise FileExistsError(f"{out} exists and was not made by the demo; choose another --out")
@@ -294,8 +312,8 @@ def run_demo(
     (out / MARKER).write_text("made by gptkit demo; safe to delete\n")
     started = time.perf_counter()
     corpus = demo_corpus(data) + task_text(data, out / "task_text")
-    shape = QUICK_RECIPE if quick else RECIPES[recipe]
-    budget = None if quick else time_budget
+    shape = QUICK_RECIPE if config.quick else RECIPES[config.recipe]
+    budget = None if config.quick else config.time_budget
 
     t = _stage("1/4 training a GPT-1-style BPE vocabulary on the books and the tasks' unlabelled text")
     train_bpe(corpus, shape.vocab_size, out / "tokenizer", style="gpt1")
@@ -308,7 +326,12 @@ def run_demo(
     meta = prepare(out / "tokenizer", corpus, out / "shards", val_fraction=0.02)
     print(f"    corpus: {meta['counts']['train']:,} training tokens, {meta['counts']['val']:,} held out")
     pre, train = shape.configs(
-        out / "shards", out / "pretrain", budget, 20 if quick else 100_000, precision, device
+        out / "shards",
+        out / "pretrain",
+        budget,
+        20 if config.quick else 100_000,
+        config.precision,
+        config.device,
     )
     pre_metrics = pretrain(pre, train)
     steps_run = RunDir(out / "pretrain").resolved_max_steps()
@@ -321,11 +344,13 @@ def run_demo(
     tasks = {}
     for name, task in DEMO_TASKS.items():
         print(f"  {name} ({DATASETS[task.dataset].task})", flush=True)
-        tasks[name] = compare_inits(name, task, data, out, out / "pretrain", precision, device, quick)
+        tasks[name] = compare_inits(
+            name, task, data, out, out / "pretrain", config.precision, config.device, config.quick
+        )
     print(f"    ({time.perf_counter() - t:.0f}s)")
 
     t = _stage("4/4 sampling from the pre-trained model at the creativity sweep's recommended setting")
-    model, tokenizer = load_for_generation(out / "pretrain", device=device)
+    model, tokenizer = load_for_generation(out / "pretrain", device=config.device)
     setting = recommended_sampling(model, out / "shards")
     print(f"    recommended: temperature {setting['temperature']}, top-p {setting['top_p'] or 'off'}")
     params = SamplingParams(
@@ -337,7 +362,7 @@ def run_demo(
 
     sst2 = tasks["sst2"]
     summary = {
-        "recipe": "quick" if quick else recipe,
+        "recipe": "quick" if config.quick else config.recipe,
         "pretrain": {"steps": steps_run, **pre_metrics},
         "sst2_dev_accuracy": {k: sst2[k] for k in ("pretrained", "from_scratch", "majority_class")},
         "tasks": tasks,

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -286,6 +286,73 @@ def prepare(
             raise
         _swap_into_place(out_dir, final_dir)
     return meta
+
+
+@dataclass
+class PrepareConfig:
+    """Tokenize a corpus into token shards (train.bin, val.bin, meta.json) for pre-training."""
+
+    files: list[str] = field(
+        metadata={
+            "help": "Corpus files or folders: plain text (one document per file), JSON lines (.jsonl), "
+            "parquet, .arrow, a `datasets` save_to_disk folder (one document per row); text and JSON lines "
+            "may be .gz or .zst.",
+            "positional": True,
+        }
+    )
+    tokenizer: str = field(metadata={"help": "Tokenizer directory."})
+    out: str = field(metadata={"help": "Directory to write the shards to."})
+    val_fraction: float = field(
+        default=0.05,
+        metadata={
+            "help": "Share held out for validation: of every plain-text file's bytes; every "
+            "⌈1/fraction⌉-th row of a row file."
+        },
+    )
+    text_field: str = field(
+        default="text",
+        metadata={"help": "The field (JSON lines) or column (parquet, arrow) that holds a row's text."},
+    )
+    jsonl_field: str | None = field(
+        default=None,
+        metadata={
+            "help": "Deprecated: --text-field, and every file of no row format read as JSON lines.",
+            "replaced_by": "text_field",  # the flag says so when used
+        },
+    )
+    workers: int | None = field(
+        default=None,
+        metadata={
+            "help": "Processes that tokenize, this one included (default: the CPU cores for GPT-1-style "
+            "tokenizers, 1 for byte-level)."
+        },
+    )
+    errors: DecodeErrors = field(
+        default="replace",
+        metadata={
+            "help": "Bytes that are not UTF-8 in text and JSON lines: replace reads each as U+FFFD and warns "
+            "with their count; strict stops at the first, naming file, line and column; ignore drops them "
+            "silently. Files with NUL bytes are refused in every mode, and with replace also files whose "
+            "start is more than 1% such bytes (binary files)."
+        },
+    )
+
+
+def prepare_shards(config: PrepareConfig) -> dict:
+    """:func:`prepare` with ``gptkit prepare``'s settings; returns the shards' meta.json."""
+    # jsonl_field keeps its old meaning (every file is JSON lines); prepare warns that it is deprecated.
+    field_option = {"text_field": config.text_field}
+    if config.jsonl_field is not None:
+        field_option = {"jsonl_field": config.jsonl_field}
+    return prepare(
+        config.tokenizer,
+        config.files,
+        config.out,
+        val_fraction=config.val_fraction,
+        workers=config.workers,
+        errors=config.errors,
+        **field_option,
+    )
 
 
 def _swap_into_place(ready: Path, final: Path) -> None:

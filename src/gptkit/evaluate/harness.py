@@ -1,213 +1,103 @@
-"""lm-evaluation-harness on gptkit models: the ``gptkit`` model type, and ``gptkit harness``.
+"""lm-evaluation-harness on gptkit models: ``gptkit harness`` (:class:`HarnessConfig`, :func:`run_harness`).
 
-lm-eval asks a model three things (its ``LM`` API), answered here on gptkit's own code:
-- ``loglikelihood``: log P(continuation | context) and whether greedy decoding would produce the
-  continuation, many pairs per forward pass (:func:`gptkit.evaluate.lm.continuation_scores`:
-  longest first, right-padded; a context too long is cut from the left);
-- ``loglikelihood_rolling``: a whole text's log-likelihood in lm-eval's own rolling windows;
-- ``generate_until``: continuations through gptkit's generation (:class:`SamplingParams`; lm-eval's
-  ``do_sample=False`` is greedy, temperature 0), batched, cut at the task's stop strings.
-
-Importing this module registers the model type with lm-eval, so that ``lm_eval.simple_evaluate(
-model="gptkit", model_args="pretrained=DIR")`` works; ``python -m gptkit.evaluate.harness`` is
-lm-eval's own command line (every flag of ``lm_eval``) with the type registered.
+The ``gptkit`` model type itself, the class that answers lm-eval's questions on gptkit's code, is
+:mod:`gptkit.evaluate.harness_model`; it imports lm-eval, so it is imported here only when a run
+starts: this module (the command's config among the others) imports without lm-eval.
+``python -m gptkit.evaluate.harness`` is lm-eval's own command line (every flag of ``lm_eval``)
+with the type registered.
 """
 
 from __future__ import annotations
 
 import json
-import warnings
-from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Literal
 
-import torch
-
-try:
-    import lm_eval.models  # noqa: F401 (lm-eval's own model types are registered before ours)
-    from lm_eval import simple_evaluate
-    from lm_eval.api.model import TemplateLM
-    from lm_eval.api.registry import register_model
-    from lm_eval.loggers import EvaluationTracker
-    from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
-    from lm_eval.tasks import TaskManager
-    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, make_table
-except ImportError as e:  # pragma: no cover - depends on the install
-    raise ImportError("gptkit harness needs lm-evaluation-harness: pip install 'gptkit[eval]'") from e
-
-from gptkit.evaluate.lm import continuation_scores
-from gptkit.generation import SamplingParams, generate_text
-from gptkit.generation.text import start_ids
-from gptkit.hardware import resolve_device
-from gptkit.model import GPT
-from gptkit.tokenizer import END_OF_TEXT, Tokenizer
+from gptkit.hardware import DEVICE_HELP
 
 DEFAULT_BATCH_SIZE = 32
-DEFAULT_MAX_GEN_TOKS = 256  # lm-eval's default when a task sets no max_gen_toks
+SEED = 1234  # lm-eval's own default seed, for the few-shot examples and sampled generations
 
 
-@register_model("gptkit")
-class GptkitLM(TemplateLM):
-    """A gptkit model (a run directory or any directory ``GPT.from_pretrained`` reads) for lm-eval.
+@dataclass
+class HarnessConfig:
+    """lm-evaluation-harness's tasks on a gptkit model (pip install 'gptkit[eval]'); lm-eval's results."""
 
-    ``pretrained``: the model directory; ``tokenizer``: its tokenizer's directory (default: the
-    model's); ``dtype``: float32 (default, exact) or bfloat16; ``batch_size``: sequences per forward
-    pass (lm-eval's ``--batch_size``; ``auto`` or ``auto:N`` means the default, 32); ``device``: cpu, cuda, ...
-    """
-
-    def __init__(
-        self,
-        pretrained: str,
-        tokenizer: str | None = None,
-        dtype: str = "float32",
-        batch_size: int | str | None = None,
-        device: str | None = None,
-        **unused: Any,
-    ):
-        super().__init__()
-        if unused:
-            warnings.warn(f"gptkit model: ignoring model_args {', '.join(sorted(unused))}", stacklevel=2)
-        if dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"gptkit model: dtype must be float32 or bfloat16, got {dtype!r}")
-        self._device = resolve_device(device or "auto")
-        self.model = GPT.from_pretrained(pretrained, dtype=getattr(torch, dtype), device=str(self._device))
-        self.model.eval()
-        self.gptkit_tokenizer = Tokenizer.from_pretrained(tokenizer or pretrained)
-        automatic = batch_size is None or str(batch_size).startswith("auto")  # lm-eval's auto, auto:N
-        self.batch_size = DEFAULT_BATCH_SIZE if automatic else int(batch_size)
-        self.max_length = self.model.config.context_length
-        # What an empty context is scored after, and where generation ends: GPT-2's <|endoftext|>
-        # (GPT-1's _start_ where there is none, as gptkit's own scoring does).
-        self._prefix_token_id = start_ids(self.model, self.gptkit_tokenizer)[0]
-        self.end_of_text = END_OF_TEXT if END_OF_TEXT in self.gptkit_tokenizer.special_tokens else None
-
-    @property
-    def eot_token_id(self) -> int:
-        return self._prefix_token_id
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
-
-    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
-        return self.gptkit_tokenizer.encode(string)
-
-    def tok_decode(self, tokens: list[int], **kwargs: Any) -> str:
-        return self.gptkit_tokenizer.decode(tokens)
-
-    def _loglikelihood_tokens(
-        self,
-        requests: list[tuple[tuple[str, str], list[int], list[int]]],
-        disable_tqdm: bool = False,
-        **kwargs,
-    ) -> list[tuple[float, bool]]:
-        """(log P(continuation | context), greedy?) of lm-eval's already tokenized pairs."""
-        pairs = [(context, continuation) for _, context, continuation in requests]
-        scores = continuation_scores(self.model, pairs, self.batch_size)
-        results = [(score.logprob, score.greedy) for score in scores]
-        for (strings, _, _), result in zip(requests, results):
-            self.cache_hook.add_partial("loglikelihood", strings, result)
-        return results
-
-    def loglikelihood_rolling(self, requests: list, disable_tqdm: bool = False) -> list[float]:
-        """Each text's log-likelihood: lm-eval's rolling windows (every token predicted once, with as
-        much context before it as fits), all windows of all texts scored in shared batches.
-
-        gptkit's scorer feeds a window's last token too, so a window predicts context − 1 tokens (lm-eval's
-        ``hf`` backend: context); texts shorter than the context are scored alike.
-        """
-        windows, owners = [], []
-        for index, (text,) in enumerate(request.args for request in requests):
-            for window in get_rolling_token_windows(
-                token_list=self.tok_encode(text),
-                prefix_token=self.prefix_token_id,
-                max_seq_len=self.max_length - 1,
-                context_len=1,
-            ):
-                windows.append(make_disjoint_window(window))
-                owners.append(index)
-        totals = [0.0] * len(requests)
-        for owner, score in zip(owners, continuation_scores(self.model, windows, self.batch_size)):
-            totals[owner] += score.logprob
-        for request, total in zip(requests, totals):
-            self.cache_hook.add_partial("loglikelihood_rolling", request.args, total)
-        return totals
-
-    def generate_until(self, requests: list, disable_tqdm: bool = False) -> list[str]:
-        """Continuations through gptkit's decoding: requests with the same generation settings run
-        as batches of similar prompt lengths (longest first), each cut at its first stop string."""
-        groups: dict[str, list[int]] = defaultdict(list)
-        for index, request in enumerate(requests):
-            groups[json.dumps(request.args[1], sort_keys=True, default=str)].append(index)
-        results = [""] * len(requests)
-        for indices in groups.values():
-            params = self.sampling_params(requests[indices[0]].args[1])
-            indices.sort(key=lambda i: -len(requests[i].args[0]))
-            for begin in range(0, len(indices), self.batch_size):
-                batch = indices[begin : begin + self.batch_size]
-                prompts = [requests[i].args[0] for i in batch]
-                with warnings.catch_warnings():  # a prompt too long is left-truncated, as lm-eval's hf does
-                    warnings.filterwarnings("ignore", message="prompt of .* left-truncated")
-                    texts = generate_text(self.model, self.gptkit_tokenizer, prompts, params=params, raw=True)
-                for i, text in zip(batch, texts):
-                    results[i] = text
-                    self.cache_hook.add_partial("generate_until", requests[i].args, text)
-        return results
-
-    def sampling_params(self, gen_kwargs: dict) -> SamplingParams:
-        """lm-eval's generation settings as gptkit's: ``until`` → stop strings, ``max_gen_toks`` →
-        max_tokens (at most context − 1, leaving room for the prompt), ``do_sample=False`` → greedy."""
-        settings = normalize_gen_kwargs(gen_kwargs, DEFAULT_MAX_GEN_TOKS)
-        stop = handle_stop_sequences(settings.pop("until", None), eos=self.end_of_text)
-        max_tokens = min(settings.pop("max_gen_toks"), self.max_length - 1)
-        sampled = settings.pop("do_sample", False)
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=float(settings.pop("temperature", 1.0)) if sampled else 0.0,
-            top_k=settings.pop("top_k", None),
-            top_p=settings.pop("top_p", None),
-            stop=tuple(stop),
-        )
-
-
-def run_harness(
-    model: str | Path,
-    tasks: list[str],
-    include_path: str | Path | None = None,
-    include_defaults: bool = True,
-    limit: float | None = None,
-    num_fewshot: int | None = None,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    device: str = "auto",
-    dtype: str = "float32",
-    output_path: str | Path | None = None,
-    log_samples: bool = False,
-    seed: int = 1234,
-) -> dict:
-    """lm-eval's ``simple_evaluate`` on the gptkit model in directory ``model``, as ``lm_eval --model gptkit`` runs it: its
-    results (a dict, as lm-eval returns them), also written where ``lm_eval --output_path`` writes
-    them (``OUTPUT_PATH/<model path>/results_<date>.json``; with ``log_samples``, each task's
-    samples beside them). ``include_path``: a folder of task YAMLs of your own, found beside lm-eval's
-    (``include_defaults=False``: instead of them, which skips indexing lm-eval's thousands)."""
-    task_manager = TaskManager(
-        include_path=str(include_path) if include_path else None, include_defaults=include_defaults
+    model: str = field(
+        metadata={"help": "Model directory: a run directory, or any that GPT.from_pretrained reads."}
     )
+    tasks: list[str] = field(
+        metadata={
+            "help": "lm-eval task names (hellaswag, lambada_openai, arc_easy, ...; `lm_eval ls tasks` lists "
+            "them), or tasks of your own from --include-path."
+        }
+    )
+    include_path: str | None = field(
+        default=None, metadata={"help": "A folder of task YAMLs of your own, found beside lm-eval's."}
+    )
+    include_defaults: bool = field(
+        default=True,
+        metadata={
+            "help": "Index lm-eval's own tasks too (about 15,000; seconds): --no-include-defaults for "
+            "--include-path's only."
+        },
+    )
+    limit: float | None = field(
+        default=None, metadata={"help": "Score the first N examples of each task (below 1: that fraction)."}
+    )
+    num_fewshot: int | None = field(
+        default=None, metadata={"help": "Examples shown before each question (default: the task's)."}
+    )
+    batch_size: int = field(default=DEFAULT_BATCH_SIZE, metadata={"help": "Sequences per forward pass."})
+    dtype: Literal["float32", "bfloat16"] = field(
+        default="float32", metadata={"help": "Weights and scores: float32 (exact) or bfloat16."}
+    )
+    device: str = field(default="auto", metadata={"help": DEVICE_HELP})
+    output_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Write lm-eval's results file here, as lm_eval --output_path does "
+            "(DIR/<model>/results_<date>.json)."
+        },
+    )
+    log_samples: bool = field(
+        default=False,
+        metadata={"help": "Also write every example's prompt and scores (with --output-path)."},
+    )
+
+
+def run_harness(config: HarnessConfig) -> dict:
+    """lm-eval's ``simple_evaluate`` on the gptkit model in directory ``config.model``, as ``lm_eval
+    --model gptkit`` runs it: its results (a dict, as lm-eval returns them), also written where
+    ``lm_eval --output_path`` writes them (``OUTPUT_PATH/<model path>/results_<date>.json``; with
+    ``log_samples``, each task's samples beside them). ``include_path``: a folder of task YAMLs of
+    your own, found beside lm-eval's (``include_defaults=False``: instead of them, which skips
+    indexing lm-eval's thousands)."""
+    # Imports lm-eval (without it: an error that names the extra to install); registers "gptkit".
+    from gptkit.evaluate.harness_model import EvaluationTracker, TaskManager, simple_evaluate
+
+    task_manager = TaskManager(
+        include_path=str(config.include_path) if config.include_path else None,
+        include_defaults=config.include_defaults,
+    )
+    output_path = config.output_path
     tracker = EvaluationTracker(output_path=str(output_path) if output_path else None)
     results = simple_evaluate(
         model="gptkit",
-        model_args={"pretrained": str(model), "dtype": dtype},
-        tasks=list(tasks),
-        num_fewshot=num_fewshot,
-        batch_size=batch_size,
-        device=device,
-        limit=limit,
-        log_samples=log_samples,
+        model_args={"pretrained": str(config.model), "dtype": config.dtype},
+        tasks=list(config.tasks),
+        num_fewshot=config.num_fewshot,
+        batch_size=config.batch_size,
+        device=config.device,
+        limit=config.limit,
+        log_samples=config.log_samples,
         evaluation_tracker=tracker,
         task_manager=task_manager,
-        random_seed=seed,
-        numpy_random_seed=seed,
-        torch_random_seed=seed,
-        fewshot_random_seed=seed,
+        random_seed=SEED,
+        numpy_random_seed=SEED,
+        torch_random_seed=SEED,
+        fewshot_random_seed=SEED,
     )
     if results is None:  # a process other than the first of a distributed run
         return {}
@@ -241,13 +131,21 @@ def write_local_task(directory: str | Path, name: str, rows: list[dict], setting
 
 def results_table(results: dict) -> str:
     """lm-eval's own table of the results (and of task groups, where there are any)."""
+    from gptkit.evaluate.harness_model import make_table
+
     tables = [make_table(results)]
     if "groups" in results:
         tables.append(make_table(results, "groups"))
     return "\n".join(tables)
 
 
-if __name__ == "__main__":  # lm-eval's own command line, with the gptkit model type registered
+def lm_eval_command_line() -> None:
+    """lm-eval's own command line (``lm_eval``'s every flag), with the gptkit model type registered."""
+    import gptkit.evaluate.harness_model  # noqa: F401, I001 (registers the type before lm-eval reads it)
     from lm_eval.__main__ import cli_evaluate
 
     cli_evaluate()
+
+
+if __name__ == "__main__":  # python -m gptkit.evaluate.harness run --model gptkit ...
+    lm_eval_command_line()

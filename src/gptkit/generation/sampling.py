@@ -8,7 +8,7 @@ has one spelling, ``temperature=0``: the most likely token, with top-k and top-p
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -29,15 +29,33 @@ class SamplingParams:
     alternatives; ``prompt_logprobs``: score the prompt's tokens too.
     """
 
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_k: int | None = None
-    top_p: float | None = None
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    logprobs: int | None = None
-    prompt_logprobs: bool = False
+    # The help texts are `gptkit generate`'s flags' (its config holds a SamplingParams); ``deprecated``
+    # names old flags that still work, ``cli=False`` fields are the server's only.
+    max_tokens: int = field(
+        default=16,
+        metadata={"help": "Tokens to generate per sample.", "deprecated": ("max_new_tokens",)},
+    )
+    temperature: float = field(
+        default=1.0,
+        metadata={
+            "help": "Divide the logits by this: < 1 safer, > 1 more adventurous; 0: always the most likely "
+            "token.",
+            "deprecated_switches": {"greedy": 0.0},  # --greedy: --temperature 0
+        },
+    )
+    top_k: int | None = field(default=None, metadata={"help": "Sample among the k most likely tokens only."})
+    top_p: float | None = field(
+        default=None, metadata={"help": "Sample among the most likely tokens whose probability reaches p."}
+    )
+    repetition_penalty: float = field(
+        default=1.0, metadata={"help": "Penalise tokens already in the text (> 1), CTRL-style."}
+    )
+    seed: int | None = field(default=None, metadata={"help": "Random seed, for reproducible samples."})
+    stop: tuple[str, ...] = field(
+        default=(), metadata={"help": "Stop before this string (repeatable).", "repeat": True}
+    )
+    logprobs: int | None = field(default=None, metadata={"cli": False})
+    prompt_logprobs: bool = field(default=False, metadata={"cli": False})
 
     def __post_init__(self) -> None:
         if not isinstance(self.stop, tuple):  # a string, a list, or None from a caller's default

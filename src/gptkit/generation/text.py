@@ -1,4 +1,5 @@
-"""Text in, text out: the tokenizer wrapped around :mod:`gptkit.generation.decode`.
+"""Text in, text out: the tokenizer wrapped around :mod:`gptkit.generation.decode`; loading a model
+for it (:class:`InferenceConfig`), and ``gptkit generate``'s session (:class:`GenerateConfig`).
 
 Prompts longer than the model can take are left-truncated: the last ``context_length - max_new_tokens``
 prompt tokens are kept (a warning says how many were dropped), since the end of a prompt is
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -222,3 +223,50 @@ def generate_text(
         text = IncrementalText(tokenizer, ids, params.stop, raw=raw)
         texts.append("".join(text.push(token) for token in row) + text.flush())
     return texts
+
+
+@dataclass
+class GenerateConfig(InferenceConfig):
+    """Generate text from a prompt, printing it as it is decoded."""
+
+    model: str = field(
+        metadata={"help": "Model directory (HF, gptkit or converted GPT-1 release) or hub name."}
+    )
+    prompt: str = field(
+        default="", metadata={"help": "Text to continue (empty: start from the start/end-of-text token)."}
+    )
+    tokenizer: str | None = field(
+        default=None, metadata={"help": "Tokenizer directory (default: the model directory)."}
+    )
+    interactive: bool = field(
+        default=False, metadata={"help": "Read prompts from stdin, one a line, until EOF."}
+    )
+    # `gptkit generate` continues for 50 tokens; SamplingParams' own default (the server's) is 16.
+    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(max_tokens=DEFAULT_NEW_TOKENS))
+    num_samples: int = field(default=1, metadata={"help": "Samples per prompt."})
+    raw: bool = field(
+        default=False,
+        metadata={"help": "Print GPT-1's raw token text (`did n't`) instead of text as written."},
+    )
+
+
+def generation_session(config: GenerateConfig, prompts: Iterable[str] | None = None) -> Iterator[str]:
+    """What ``gptkit generate`` prints, piece by piece as it is decoded: for each prompt,
+    ``num_samples`` times the prompt, its continuation and a newline.
+
+    ``prompts``: default ``config.prompt``, or with ``interactive`` the lines of stdin until EOF
+    (read as the session reaches them). One generator, seeded with ``config.sampling.seed``, draws
+    the whole session's samples: several samples of a prompt differ, and the same seed repeats the
+    session (without a seed: torch's global generator).
+    """
+    model, tokenizer = config.load(config.model, config.tokenizer)
+    generator = config.sampling.generator(next(model.parameters()).device)
+    if prompts is None:
+        prompts = (line.rstrip("\n") for line in sys.stdin) if config.interactive else [config.prompt]
+    for prompt in prompts:
+        for _ in range(config.num_samples):
+            yield prompt
+            yield from stream_text(
+                model, tokenizer, prompt, params=config.sampling, raw=config.raw, generator=generator
+            )
+            yield "\n"

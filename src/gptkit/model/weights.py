@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -447,3 +448,27 @@ def load_openai_release(directory: str | Path, n_head: int = 12, context_length:
         first_line = str(e).strip().splitlines()[-1].strip()
         raise ValueError(f"{shapes_path}: the shapes do not describe a GPT-1 model ({first_line})") from e
     return model.eval()
+
+
+# Converting: `gptkit convert` ---------------------------------------------------------------------
+
+
+@dataclass
+class ConvertConfig:
+    """Convert weights: a HF directory, a gptkit directory or OpenAI's GPT-1 release → a HF/gptkit directory."""
+
+    source: str = field(metadata={"help": "Directory (or hub name) to read.", "positional": True})
+    destination: str = field(
+        metadata={"help": "Directory to write (config.json + model.safetensors).", "positional": True}
+    )
+    n_head: int = field(
+        default=12, metadata={"help": "Heads, for OpenAI's release, which does not record them."}
+    )
+
+
+def convert_weights(config: ConvertConfig) -> GPT:
+    """Read ``source`` (whatever :func:`load_pretrained` reads) and write it to ``destination`` in the
+    Hugging Face format of its kind (:func:`hf_model_type`); returns the model."""
+    model = load_pretrained(config.source, n_head=config.n_head)
+    save_pretrained(model, config.destination)
+    return model

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gptkit.io import atomic_write, read_json_object, write_json
@@ -155,3 +157,30 @@ _PUBLISHED_FILES = [
     ("gpt1", "encoder_bpe_40000.json", "vocab_40000.bpe"),
     ("bytelevel", "encoder.json", "vocab.bpe"),
 ]
+
+
+@dataclass
+class TokenizeConfig:
+    """Print the token ids of a file (or stdin), or decode ids back to text."""
+
+    tokenizer: str = field(metadata={"help": "Tokenizer directory."})
+    file: str | None = field(
+        default=None, metadata={"help": "Text file (default: stdin).", "positional": True}
+    )
+    decode: bool = field(
+        default=False, metadata={"help": "Read whitespace-separated ids and print the text."}
+    )
+    raw: bool = field(
+        default=False, metadata={"help": "With --decode: GPT-1's raw token text, not joined as written."}
+    )
+
+
+def tokenize_file(config: TokenizeConfig) -> str:
+    """The token ids of ``config.file`` (default: stdin), space-separated; with ``decode``, the text of
+    the whitespace-separated ids it holds (joined as written, or GPT-1's raw token text with ``raw``)."""
+    tokenizer = Tokenizer.from_pretrained(config.tokenizer)
+    text = Path(config.file).read_text(encoding="utf-8") if config.file else sys.stdin.read()
+    if not config.decode:
+        return " ".join(map(str, tokenizer.encode(text)))
+    ids = [int(x) for x in text.split()]
+    return tokenizer.decode(ids) if config.raw else tokenizer.decode_text(ids)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -124,3 +125,24 @@ def train_bpe(
     tokenizer = kind.from_files(out_dir / "encoder.json", out_dir / "vocab.bpe", specials)
     tokenizer.save_pretrained(out_dir)  # tokenizer_config.json, and transformers' files
     return tokenizer
+
+
+@dataclass
+class TokenizerTrainConfig:
+    """Train a BPE vocabulary on your corpus, in GPT-1's or GPT-2's file format."""
+
+    corpus: list[str] = field(metadata={"help": "Text files to learn the merges from."})
+    vocab_size: int = field(metadata={"help": "Tokens in the vocabulary, special tokens included."})
+    out: str = field(metadata={"help": "Directory to write the tokenizer to."})
+    style: Literal["bytelevel", "gpt1"] = field(
+        default="bytelevel",
+        metadata={"help": "bytelevel (GPT-2's byte-level BPE) or gpt1 (ftfy + spaCy + </w> word ends)."},
+    )
+    min_frequency: int = field(default=2, metadata={"help": "Merge only pairs seen at least this often."})
+
+
+def train_tokenizer(config: TokenizerTrainConfig) -> Tokenizer:
+    """:func:`train_bpe` with ``gptkit tokenizer train``'s settings."""
+    return train_bpe(
+        config.corpus, config.vocab_size, config.out, style=config.style, min_frequency=config.min_frequency
+    )
