@@ -3,7 +3,7 @@ transformers' text-classification pipeline one request at a time; and LoRA adapt
 mixed batches, against the same load sent to one adapter at a time.
 
 The classifier is GPT-2 small's shape (random weights: speed does not depend on them) with GPT-1's
-classification head W_y on h_n at `_classify_`, fp32 on the CPU; the requests are SST-2 dev sentences,
+classification head W_y on h_n at `_classify_`, on the CPU; the requests are SST-2 dev sentences,
 one sentence each.
 
 (a) requests/s of the server (CLIENTS threads, each sending REQUESTS_PER_CLIENT requests one after
@@ -11,11 +11,17 @@ one sentence each.
     on GPT2ForSequenceClassification holding the same transformer weights and W_y, one sentence at a
     time in this process. The pipeline reads the sentence alone where gptkit's layout adds `_start_`
     and `_classify_` (two tokens more per request for gptkit), so the answers are not compared here:
-    tests/test_serve_pooling.py checks the server's against the model run by hand.
-(b) ADAPTERS LoRA adapters (rank 8) of one base served together: the same load with every request
-    for a different adapter than the one before (batches mix adapters; the step runs each adapter's
-    rows together) against all requests for one adapter (one adapter per batch).
-The server runs as a subprocess on 127.0.0.1; each measurement alternates REPEATS times; medians.
+    tests/test_serve_pooling.py checks the server's against the model run by hand. Both in fp32;
+    then the server at its default dtype (`auto`: bf16 on a CPU that multiplies it natively) against
+    the pipeline in fp32 (its default) and in bf16: what batching buys, and what the dtype buys.
+    And the server against its own step (`classify` on the same batches of CLIENTS sentences, in this
+    process): the share of its time spent outside the forward passes.
+(b) ADAPTERS LoRA adapters (rank 8) of one base served together, fp32: the same load with every
+    request for a different adapter than the one before (batches mix adapters) against all requests
+    for one adapter. And the step alone, in this process, on batches of CLIENTS sentences: mixed over
+    ADAPTERS adapters, with each row adding its own adapter's terms (the server's way, one pass of the
+    base) against grouping by adapter (one pass per adapter), and a batch for one adapter both ways.
+Each measurement alternates REPEATS times with the others; medians.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -34,27 +41,31 @@ from serve_throughput import Server, free_port
 
 from gptkit import GPT, GPTConfig
 from gptkit.data.readers import read_dataset
-from gptkit.data.tasks import TaskSpec, special_token_ids
+from gptkit.data.tasks import EncodedExample, TaskSpec, special_token_ids
+from gptkit.model.lora import AdapterSet
 from gptkit.model.task import TaskModel
+from gptkit.serve.config import ServeLimits
+from gptkit.serve.models import CLASSIFY, classify, classify_mixed, load_models
 from gptkit.tokenizer import Tokenizer
 
 CLIENTS, REQUESTS_PER_CLIENT = 16, 8
 PEER_REQUESTS = 32
 ADAPTERS = 4
-REPEATS = 2
+REPEATS = 3
+STEP_REPEATS = 5  # batches per step measurement
 LABELS = ["negative", "positive"]
 
 
 class ClassifyServer(Server):
     """`gptkit serve` with the named model directories."""
 
-    def __init__(self, models: dict[str, Path], log: Path):
+    def __init__(self, models: dict[str, Path], log: Path, dtype: str):
         self.base = f"http://127.0.0.1:{free_port()}"
         self.log = log
         command = [sys.executable, "-m", "gptkit", "serve"]
         for name, directory in models.items():
             command += ["--model", f"{name}={directory}"]
-        command += ["--port", self.base.rsplit(":", 1)[1], "--dtype", "float32", "--device", "cpu"]
+        command += ["--port", self.base.rsplit(":", 1)[1], "--dtype", dtype, "--device", "cpu"]
         command += ["--max-batch", str(CLIENTS), "--max-queue", "256", "--batch-wait-ms", "5"]
         env = {key: value for key, value in os.environ.items() if key != "GPTKIT_API_KEY"}
         with open(log, "wb") as out:
@@ -72,16 +83,18 @@ def write_classifier(directory: Path, tokenizer: Tokenizer) -> TaskModel:
     return model
 
 
-def transformers_pipeline(model: TaskModel, directory: Path, tokenizer_dir: Path):
+def transformers_pipeline(model: TaskModel, directory: Path, tokenizer_dir: Path, dtype: torch.dtype):
     """transformers' text-classification pipeline on GPT2ForSequenceClassification with the task
     model's transformer weights and W_y (its bias is zero, as initialised; the peer's score has none)."""
     import transformers
 
     model.gpt.save_pretrained(directory)
-    hf = transformers.GPT2ForSequenceClassification.from_pretrained(directory, num_labels=len(LABELS))
+    hf = transformers.GPT2ForSequenceClassification.from_pretrained(
+        directory, num_labels=len(LABELS), torch_dtype=dtype
+    )
     with torch.no_grad():
         assert float(model.head.bias.abs().max()) == 0.0
-        hf.score.weight.copy_(model.head.weight)
+        hf.score.weight.copy_(model.head.weight.to(dtype))
     hf.config.pad_token_id = 50256
     hf.config.id2label = dict(enumerate(LABELS))
     hf.eval()
@@ -114,6 +127,50 @@ def one_at_a_time(pipeline, sentences: list[str]) -> float:
     return PEER_REQUESTS / (time.perf_counter() - started)
 
 
+def classify_grouped(
+    adapters: AdapterSet, tasks: dict[str, TaskModel], items: list[tuple[str, EncodedExample]]
+) -> list[dict]:
+    """The step as it was: a batch's inputs grouped by adapter, one forward pass of the base per
+    group with that adapter's matrices in place (S-LoRA's grouping)."""
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, (name, _) in enumerate(items):
+        groups[name].append(i)
+    records: list[dict] = [{}] * len(items)
+    for name, indices in groups.items():
+        with adapters.using(name):
+            for i, record in zip(indices, classify(tasks[name], [items[i][1] for i in indices])):
+                records[i] = record
+    return records
+
+
+def step_batches(adapters: dict[str, Path], sentences: list[str], names: list[str]) -> tuple:
+    """The adapters loaded as the server loads them, and batches of CLIENTS sentences whose input i is
+    for adapter names[i % len(names)]."""
+    served = load_models(adapters, ServeLimits(), dtype="float32", device="cpu")
+    adapter_set, tasks = served[0].batchers[CLASSIFY].shared.run.args
+    encoded = tasks[names[0]].encode([{"text": sentence} for sentence in sentences])
+    batches = [
+        [(names[i % len(names)], encoded[(b * CLIENTS + i) % len(encoded)]) for i in range(CLIENTS)]
+        for b in range(STEP_REPEATS)
+    ]
+    return adapter_set, tasks, batches
+
+
+def batches_per_second(step, adapter_set: AdapterSet, tasks: dict, batches: list) -> float:
+    started = time.perf_counter()
+    for batch in batches:
+        step(adapter_set, tasks, batch)
+    return len(batches) / (time.perf_counter() - started)
+
+
+def plain_batches_per_second(model: TaskModel, batches: list[list[EncodedExample]]) -> float:
+    """:func:`classify`, the server's step for a fine-tuned model, on each batch."""
+    started = time.perf_counter()
+    for batch in batches:
+        classify(model, batch)
+    return len(batches) / (time.perf_counter() - started)
+
+
 def main() -> None:
     from tests.test_lora import write_adapter_run
 
@@ -123,7 +180,8 @@ def main() -> None:
         tokenizer = Tokenizer.from_pretrained(DATA / "gpt2_bpe")
         tokenizer.save_pretrained(root / "tokenizer")
         model = write_classifier(root / "sst2", tokenizer)
-        pipeline = transformers_pipeline(model, root / "hf", root / "tokenizer")
+        pipeline = transformers_pipeline(model, root / "hf", root / "tokenizer", torch.float32)
+        pipeline_bf16 = transformers_pipeline(model, root / "hf16", root / "tokenizer", torch.bfloat16)
         del model
         # (b)'s base and its adapters
         torch.manual_seed(0)
@@ -132,41 +190,115 @@ def main() -> None:
         adapters = {f"task{i}": root / f"task{i}" for i in range(ADAPTERS)}
         for seed, directory in enumerate(adapters.values()):
             write_adapter_run(directory, root / "base", "classification", LABELS, seed, rank=8)
+        names = list(adapters)
+        # The server's own step for the plain classifier, in this process: how much of its time the
+        # server spends outside the forward passes (HTTP, JSON, tokenization, batching).
+        plain = {
+            dtype: TaskModel.from_pretrained(root / "sst2", device="cpu").to(dtype)
+            for dtype in (torch.float32, torch.bfloat16)
+        }
+        encoded = plain[torch.float32].encode([{"text": sentence} for sentence in sentences])
+        plain_batches = [
+            [encoded[(b * CLIENTS + i) % len(encoded)] for i in range(CLIENTS)] for b in range(STEP_REPEATS)
+        ]
+        step_set, step_tasks, mixed_batches = step_batches(adapters, sentences, names)
+        single_batches = [[(names[0], example) for _, example in batch] for batch in mixed_batches]
+        steps = {
+            "mixed_per_row": (classify_mixed, mixed_batches),
+            "mixed_grouped": (classify_grouped, mixed_batches),
+            "single_per_row": (classify_mixed, single_batches),
+            "single_grouped": (classify_grouped, single_batches),
+        }
+        step_runs: dict[str, list[float]] = defaultdict(list)
 
-        server = ClassifyServer({"sst2": root / "sst2", **adapters}, root / "server.log")
+        server = ClassifyServer({"sst2": root / "sst2", **adapters}, root / "server.log", "float32")
+        server_auto = ClassifyServer({"sst2": root / "sst2"}, root / "server-auto.log", "auto")
         try:
             server.wait_ready(timeout=600)
+            server_auto.wait_ready(timeout=600)
             load(server, ["sst2"], sentences)  # warm-up
-            load(server, list(adapters), sentences)
+            load(server, names, sentences)
+            load(server_auto, ["sst2"], sentences)
             one_at_a_time(pipeline, sentences)
-            served, peer, mixed, single = [], [], [], []
+            one_at_a_time(pipeline_bf16, sentences)
+            for step, batches in steps.values():
+                batches_per_second(step, step_set, step_tasks, batches[:1])
+            for model in plain.values():
+                plain_batches_per_second(model, plain_batches)
+            runs: dict[str, list[float]] = defaultdict(list)
             for _ in range(REPEATS):
-                served.append(load(server, ["sst2"], sentences))
-                peer.append(one_at_a_time(pipeline, sentences))
-                mixed.append(load(server, list(adapters), sentences))
-                single.append(load(server, [next(iter(adapters))], sentences))
+                runs["served"].append(load(server, ["sst2"], sentences))
+                runs["peer"].append(one_at_a_time(pipeline, sentences))
+                runs["served_auto"].append(load(server_auto, ["sst2"], sentences))
+                runs["peer_bf16"].append(one_at_a_time(pipeline_bf16, sentences))
+                runs["mixed"].append(load(server, names, sentences))
+                runs["single_adapter"].append(load(server, names[:1], sentences))
+                for dtype, model in plain.items():
+                    step_runs[f"plain_{dtype}"].append(plain_batches_per_second(model, plain_batches))
+                for name, (step, batches) in steps.items():
+                    step_runs[name].append(batches_per_second(step, step_set, step_tasks, batches))
+            auto_dtype = next(line for line in server_auto.log.read_text().splitlines() if "dtype" in line)
         finally:
             server.stop()
+            server_auto.stop()
 
+    served = f"/v1/classify requests/s, {CLIENTS} clients, GPT-2 small shape"
+    peer = "transformers text-classification pipeline (GPT2ForSequenceClassification), one at a time"
+    step = f"classify step, batches of {CLIENTS} sentences/s, fp32"
+    m = {name: median(values) for name, values in {**runs, **step_runs}.items()}
     emit(
         "serve_classify",
         [
+            comparison(f"{served}, fp32", "requests/s", m["served"], f"{peer}, fp32", m["peer"]),
+            comparison(f"{served}, dtype auto", "requests/s", m["served_auto"], f"{peer}, fp32", m["peer"]),
             comparison(
-                f"/v1/classify requests/s, {CLIENTS} clients, GPT-2 small shape, fp32",
-                "requests/s",
-                median(served),
-                "transformers text-classification pipeline (GPT2ForSequenceClassification), one at a time",
-                median(peer),
+                f"{served}, dtype auto", "requests/s", m["served_auto"], f"{peer}, bf16", m["peer_bf16"]
             ),
             comparison(
-                f"/v1/classify requests/s, {CLIENTS} clients over {ADAPTERS} LoRA adapters of one base, mixed",
+                f"{served}, fp32",
                 "requests/s",
-                median(mixed),
+                m["served"],
+                f"its step alone in one process, fp32 ({CLIENTS} × batches/s)",
+                CLIENTS * m["plain_torch.float32"],
+            ),
+            comparison(
+                f"{served}, dtype auto",
+                "requests/s",
+                m["served_auto"],
+                f"its step alone in one process, bf16 ({CLIENTS} × batches/s)",
+                CLIENTS * m["plain_torch.bfloat16"],
+            ),
+            comparison(
+                f"{served} over {ADAPTERS} LoRA adapters of one base, mixed, fp32",
+                "requests/s",
+                m["mixed"],
                 "the same load for one adapter",
-                median(single),
+                m["single_adapter"],
+            ),
+            comparison(
+                f"{step}, mixed over {ADAPTERS} adapters, each row its own adapter (one pass)",
+                "batches/s",
+                m["mixed_per_row"],
+                "grouped by adapter (one pass per adapter)",
+                m["mixed_grouped"],
+            ),
+            comparison(
+                f"{step}, mixed over {ADAPTERS} adapters, each row its own adapter (one pass)",
+                "batches/s",
+                m["mixed_per_row"],
+                "one adapter, each row its own adapter",
+                m["single_per_row"],
+            ),
+            comparison(
+                f"{step}, one adapter, each row its own adapter",
+                "batches/s",
+                m["single_per_row"],
+                "one adapter, its matrices in place",
+                m["single_grouped"],
             ),
         ],
-        runs={"served": served, "peer": peer, "mixed": mixed, "single_adapter": single},
+        runs={**runs, **step_runs},
+        auto_dtype=auto_dtype,
     )
 
 

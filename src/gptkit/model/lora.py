@@ -63,10 +63,16 @@ class LoRASettings:
 
 class LoRALinear(nn.Linear):
     """``nn.Linear`` (its ``weight`` and ``bias`` keep their names, so base weights load unchanged)
-    plus a low-rank update (α/r)·B·A; ``lora_A`` None: a plain linear layer."""
+    plus a low-rank update (α/r)·B·A; ``lora_A`` None: a plain linear layer.
+
+    Serving many adapters (:class:`AdapterSet`), ``lora_A`` and ``lora_B`` may instead hold every
+    adapter's, stacked, (n, r, in) and (n, out, r), and ``adapter_index`` (N,) which one each row
+    of the batch adds: one pass of the base for a batch that mixes adapters (punica's BGMV).
+    """
 
     lora_A: nn.Parameter | None
     lora_B: nn.Parameter | None
+    adapter_index: torch.Tensor | None = None
 
     @classmethod
     def wrap(cls, linear: nn.Linear, rank: int, scaling: float) -> LoRALinear:
@@ -89,7 +95,11 @@ class LoRALinear(nn.Linear):
         out = F.linear(x, self.weight, self.bias)
         if self.lora_A is None:
             return out
-        return out + F.linear(F.linear(x, self.lora_A), self.lora_B) * self.scaling  # (α/r)·B·A·x
+        if self.adapter_index is None:
+            return out + F.linear(F.linear(x, self.lora_A), self.lora_B) * self.scaling  # (α/r)·B·A·x
+        A = self.lora_A[self.adapter_index].transpose(1, 2)  # each row's own A, (N, in, r)
+        B = self.lora_B[self.adapter_index].transpose(1, 2)  # and B, (N, r, out)
+        return out + torch.bmm(torch.bmm(x, A), B) * self.scaling  # x: (N, T, in)
 
     def merged(self) -> nn.Linear:
         """A plain linear layer computing the same function: W + (α/r)·B·A."""
@@ -109,8 +119,11 @@ class TrainableRowsEmbedding(nn.Module):
     the special tokens' rows, new at fine-tuning, are trained fully under LoRA.
 
     ``weight`` is the whole table (the tied output layer reads it); the lookup itself reads the
-    two parts without joining them.
+    two parts without joining them. Serving many adapters, ``rows`` may hold every adapter's,
+    (n, specials, d), and ``adapter_index`` (N,) whose each row of the batch reads.
     """
+
+    adapter_index: torch.Tensor | None = None
 
     def __init__(self, embedding: nn.Embedding, first_row: int):
         super().__init__()
@@ -129,7 +142,11 @@ class TrainableRowsEmbedding(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         special = input_ids >= self.first_row
         base = F.embedding(input_ids.masked_fill(special, 0), self.frozen)
-        rows = F.embedding((input_ids - self.first_row).clamp(min=0), self.rows)
+        row_ids = (input_ids - self.first_row).clamp(min=0)
+        if self.adapter_index is None:
+            rows = F.embedding(row_ids, self.rows)
+        else:
+            rows = self.rows[self.adapter_index.unsqueeze(1), row_ids]  # (N, T, d)
         return torch.where(special.unsqueeze(-1), rows, base)
 
 
@@ -244,11 +261,17 @@ def is_adapter_dir(directory: str | Path) -> bool:
 
 
 class AdapterSet:
-    """Many adapters of one base, over a single copy of its weights: the base GPT carries empty LoRA
-    layers, each adapter's matrices (and special tokens' rows) are kept aside, and :meth:`using`
-    puts one adapter's in place for the forward passes run inside it (S-LoRA's "group by adapter").
+    """Many adapters of one base, over a single copy of its weights. The base GPT carries LoRA
+    layers whose matrices are every adapter's, stacked (each B already scaled by its α/r, ranks
+    padded with zeros to the largest: zero rows of A add nothing), and so are the special tokens'
+    rows. Two ways to compute with them:
 
-    A lock serialises the passes: two threads never compute with two adapters at once.
+    - :meth:`using` one adapter: its slices go in place, the layers compute as one LoRA model
+      (S-LoRA's "group by adapter": a mixed batch runs as one pass per adapter);
+    - :meth:`per_row`: each row of the batch adds its own adapter's terms, gathered by a per-row
+      index (punica's BGMV): a mixed batch runs as one pass of the base.
+
+    A lock serialises the passes: two threads never compute with two settings at once.
     """
 
     def __init__(self, gpt: GPT, first_trainable_row: int):
@@ -257,9 +280,14 @@ class AdapterSet:
         self.layers = {name: m for name, m in gpt.named_modules() if isinstance(m, LoRALinear)}
         for layer in self.layers.values():
             layer.lora_A = layer.lora_B = None  # the base's function until an adapter is used
-        self.adapters: dict[
-            str, tuple[float, dict[str, tuple[nn.Parameter, nn.Parameter]], nn.Parameter]
-        ] = {}
+            layer.scaling = 1.0  # each adapter's α/r is in its B
+        self.row_shape = gpt.wte.rows.shape  # (specials, d)
+        self.names: dict[str, int] = {}  # adapter → its index in the stacks
+        self.A: dict[str, torch.Tensor] = {}  # layer → (n, r, in)
+        self.B: dict[str, torch.Tensor] = {}  # layer → (n, out, r), scaled by α/r
+        self.rows: torch.Tensor | None = None  # (n, specials, d)
+        # Adapters added since the stacks were built: stacked once, at the first pass after them.
+        self._added: list[tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], torch.Tensor]] = []
         self._lock = threading.Lock()
 
     @property
@@ -270,31 +298,63 @@ class AdapterSet:
         self, name: str, settings: LoRASettings, lora_state: dict[str, torch.Tensor], rows: torch.Tensor
     ) -> None:
         """Keep an adapter: its LoRA state-dict entries (``h.0.attn.c_attn.lora_A``) and its rows."""
-        weight = self.gpt.wte.frozen
-        if rows.shape != self.gpt.wte.rows.shape:
+        if rows.shape != self.row_shape:
             raise ValueError(
-                f"adapter {name!r}: {rows.size(0)} special-token rows, the others have {self.gpt.wte.rows.size(0)}"
+                f"adapter {name!r}: {rows.size(0)} special-token rows, the others have {self.row_shape[0]}"
             )
-
-        def kept(tensor: torch.Tensor) -> nn.Parameter:
-            return nn.Parameter(tensor.to(device=weight.device, dtype=weight.dtype), requires_grad=False)
-
+        like = self.gpt.wte.frozen
         matrices = {}
+        for layer_name, layer in self.layers.items():
+            A = lora_state.get(f"{layer_name}.lora_A")
+            B = lora_state.get(f"{layer_name}.lora_B")
+            if A is None:  # a layer this adapter leaves alone
+                A, B = torch.zeros(1, layer.in_features), torch.zeros(layer.out_features, 1)
+            matrices[layer_name] = (A.to(like), (B.float() * settings.scaling).to(like))
+        self._added.append((matrices, rows.to(like)))
+        self.names[name] = len(self.names)
+
+    def _stack_added(self) -> None:
+        if not self._added:
+            return
         for layer_name in self.layers:
-            if f"{layer_name}.lora_A" in lora_state:
-                matrices[layer_name] = (
-                    kept(lora_state[f"{layer_name}.lora_A"]),
-                    kept(lora_state[f"{layer_name}.lora_B"]),
-                )
-        self.adapters[name] = (settings.scaling, matrices, kept(rows))
+            A = [matrices[layer_name][0] for matrices, _ in self._added]
+            B = [matrices[layer_name][1] for matrices, _ in self._added]
+            self.A[layer_name] = _stack_padded(self.A.get(layer_name), A, rank_dim=0)
+            self.B[layer_name] = _stack_padded(self.B.get(layer_name), B, rank_dim=1)
+        rows = [rows for _, rows in self._added]
+        self.rows = torch.stack(rows if self.rows is None else [*self.rows, *rows])
+        self._added = []
 
     @contextlib.contextmanager
     def using(self, name: str) -> Iterator[GPT]:
         """The base GPT computing as base + adapter ``name`` while inside."""
-        scaling, matrices, rows = self.adapters[name]
-        with self._lock:
-            for layer_name, layer in self.layers.items():
-                layer.lora_A, layer.lora_B = matrices.get(layer_name, (None, None))
-                layer.scaling = scaling
-            self.gpt.wte.rows = rows
+        k = self.names[name]
+        with self._put(lambda stack: stack[k], index=None):
             yield self.gpt
+
+    @contextlib.contextmanager
+    def per_row(self, names: list[str]) -> Iterator[GPT]:
+        """The base GPT computing each row of its batch (``len(names)`` rows) as base + that row's adapter."""
+        index = torch.tensor([self.names[name] for name in names], device=self.gpt.wte.frozen.device)
+        with self._put(lambda stack: stack, index):
+            yield self.gpt
+
+    @contextlib.contextmanager
+    def _put(self, pick, index: torch.Tensor | None) -> Iterator[None]:
+        with self._lock:
+            self._stack_added()
+            for layer_name, layer in self.layers.items():
+                layer.lora_A = nn.Parameter(pick(self.A[layer_name]), requires_grad=False)
+                layer.lora_B = nn.Parameter(pick(self.B[layer_name]), requires_grad=False)
+                layer.adapter_index = index
+            self.gpt.wte.rows = nn.Parameter(pick(self.rows), requires_grad=False)
+            self.gpt.wte.adapter_index = index
+            yield
+
+
+def _stack_padded(stack: torch.Tensor | None, matrices: list[torch.Tensor], rank_dim: int) -> torch.Tensor:
+    """``stack`` (n, ...) and ``matrices`` after it, all zero-padded along the rank to the largest."""
+    matrices = [*(stack if stack is not None else []), *matrices]
+    rank = max(matrix.size(rank_dim) for matrix in matrices)
+    after = [0, 0] * (1 - rank_dim)  # F.pad counts dimensions from the last
+    return torch.stack([F.pad(m, [*after, 0, rank - m.size(rank_dim)]) for m in matrices])

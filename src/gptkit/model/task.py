@@ -121,15 +121,7 @@ class TaskModel(nn.Module):
         )
         hidden = out.hidden_states.view(N, C, T, -1)
         h_e = hidden[torch.arange(N)[:, None], torch.arange(C)[None, :], clf_positions]  # (N, C, d)
-        task = self.spec.task
-        if task == "multiple_choice":
-            logits = self.head(self.clf_dropout(h_e)).squeeze(-1)  # one score per answer → softmax over C
-        elif task == "similarity":
-            logits = self.head(self.clf_dropout(h_e.sum(dim=1)))  # both orders, added element-wise
-        else:
-            logits = self.head(self.clf_dropout(h_e[:, 0]))
-        if self.spec.regression:
-            logits = logits.squeeze(-1)
+        logits = self.read_out(h_e)
         clf_loss = None
         if targets is not None:
             if self.spec.regression:
@@ -140,6 +132,17 @@ class TaskModel(nn.Module):
         if clf_loss is not None and want_lm:
             loss = clf_loss + self.lm_coef * out.loss  # L3 = L2 + λ·L1
         return TaskOutput(loss=loss, logits=logits, clf_loss=clf_loss, lm_loss=out.loss if want_lm else None)
+
+    def read_out(self, h_e: torch.Tensor) -> torch.Tensor:
+        """The task's logits from h_e, the final hidden state at each sequence's ``<e>`` (N, C, d)."""
+        task = self.spec.task
+        if task == "multiple_choice":
+            logits = self.head(self.clf_dropout(h_e)).squeeze(-1)  # one score per answer → softmax over C
+        elif task == "similarity":
+            logits = self.head(self.clf_dropout(h_e.sum(dim=1)))  # both orders, added element-wise
+        else:
+            logits = self.head(self.clf_dropout(h_e[:, 0]))
+        return logits.squeeze(-1) if self.spec.regression else logits
 
     # Inference ------------------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from gptkit.model.task import (
     TASK_NAME,
     TaskModel,
     adapter_base_dir,
+    length_batches,
     lora_settings,
     read_task_info,
     with_special_rows,
@@ -124,9 +125,14 @@ class ServedModel:
 # The forward passes ---------------------------------------------------------------------------------
 
 
-@torch.inference_mode()
 def embed(gpt: GPT, sequences: list[list[int]]) -> list[list[float]]:
-    """h_n at the last token of each sequence, in fp32, from one right-padded forward pass (causal
+    """h_n at the last token of each sequence, in fp32."""
+    return last_hidden_states(gpt, sequences).float().cpu().tolist()
+
+
+@torch.inference_mode()
+def last_hidden_states(gpt: GPT, sequences: list[list[int]]) -> torch.Tensor:
+    """h_n at the last token of each sequence (N, d), from one right-padded forward pass (causal
     attention: no real token sees the padding after it)."""
     examples = [EncodedExample([sequence], None) for sequence in sequences]
     batch = collate(examples, pad_to_multiple=PAD_TO_MULTIPLE, max_length=gpt.config.context_length)
@@ -134,7 +140,7 @@ def embed(gpt: GPT, sequences: list[list[int]]) -> list[list[float]]:
     device = next(gpt.parameters()).device
     hidden = gpt(batch["input_ids"][:, 0].to(device), compute_logits=False).hidden_states  # (N, T, d)
     last = batch["clf_positions"][:, 0].to(device)  # (N,)
-    return hidden[torch.arange(len(sequences), device=device), last].float().cpu().tolist()
+    return hidden[torch.arange(len(sequences), device=device), last]
 
 
 def classify(task: TaskModel, examples: list[EncodedExample]) -> list[dict]:
@@ -230,7 +236,7 @@ def load_adapters(
     device: str = "auto",
 ) -> list[ServedModel]:
     """LoRA adapters of ``base`` served over one copy of its weights. Their classify requests share
-    one batcher: a batch mixes adapters, and its forward runs adapter by adapter (grouped)."""
+    one batcher: a batch mixes adapters, each row adding its own adapter's terms (:func:`classify_mixed`)."""
     infos = {name: read_task_info(directory) for name, directory in adapters.items()}
     first, first_info = next(iter(adapters.values())), next(iter(infos.values()))
     gpt, _ = with_special_rows(GPT.from_pretrained(base), first, first_info)
@@ -299,19 +305,33 @@ def shared_tokenizer(directory: Path, loaded: dict[str, Tokenizer]) -> Tokenizer
     return loaded[key]
 
 
+@torch.inference_mode()
 def classify_mixed(
     adapters: AdapterSet, tasks: Mapping[str, TaskModel], items: list[tuple[str, EncodedExample]]
 ) -> list[dict]:
-    """:func:`classify` of a batch whose inputs are ``(adapter, example)``: grouped by adapter, each
-    group in the base with its adapter in place."""
-    groups: dict[str, list[int]] = defaultdict(list)
-    for i, (name, _) in enumerate(items):
-        groups[name].append(i)
+    """:func:`classify` of a batch whose inputs are ``(adapter, example)``, whatever their adapters:
+    every sequence of every input runs in one pass of the base (one per group of similar lengths, as
+    in :meth:`TaskModel.logits`), adding its own adapter's terms (:meth:`AdapterSet.per_row`); then
+    each input's h_e goes through its own adapter's head."""
+    owners = [name for name, example in items for _ in example.sequences]  # each sequence's adapter
+    sequences = [EncodedExample([s], None) for _, example in items for s in example.sequences]
+    h_n: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
+    for indices in length_batches(sequences, len(sequences)):
+        with adapters.per_row([owners[i] for i in indices]) as gpt:
+            hidden = last_hidden_states(gpt, [sequences[i].sequences[0] for i in indices])
+        for i, h in zip(indices, hidden):
+            h_n[i] = h
+    first = [0]  # where each input's sequences start
+    groups: dict[tuple[str, int], list[int]] = defaultdict(list)  # inputs of one adapter and one C
+    for i, (name, example) in enumerate(items):
+        first.append(first[-1] + len(example.sequences))
+        groups[name, len(example.sequences)].append(i)
     records: list[dict] = [{}] * len(items)
-    for name, indices in groups.items():
-        with adapters.using(name):
-            for i, record in zip(indices, classify(tasks[name], [items[i][1] for i in indices])):
-                records[i] = record
+    for (name, _), indices in groups.items():
+        h_e = torch.stack([torch.stack(h_n[first[i] : first[i + 1]]) for i in indices])  # (n, C, d)
+        logits = tasks[name].read_out(h_e).float().cpu()
+        for i, record in zip(indices, tasks[name].records(logits)):
+            records[i] = record
     return records
 
 
