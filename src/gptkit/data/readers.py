@@ -215,43 +215,39 @@ def read_sst2(path: Path) -> list[Example]:
     return out
 
 
-def read_cola(path: Path) -> list[Example]:
-    out = []
+def _tsv_rows(path: Path, count: int, header: bool = False) -> Iterator[tuple[str, list[str]]]:
+    """(where, fields) of each row of a tab-separated file with at least ``count`` fields (quotes
+    are text: these files' sentences contain ``"``); ``header``: the first line is skipped."""
     for n, line in _lines(path):
-        parts = _fields(path, n, line, 4)
-        out.append(Example({"text": parts[3]}, parts[1], f"{path}, line {n}"))
-    return out
+        if not (header and n == 1):
+            yield f"{path}, line {n}", _fields(path, n, line, count)
+
+
+def read_cola(path: Path) -> list[Example]:
+    return [Example({"text": f[3]}, f[1], where) for where, f in _tsv_rows(path, 4)]
 
 
 def read_rte(path: Path) -> list[Example]:
-    out = []
-    for n, line in _lines(path):
-        if n == 1:
-            continue  # header
-        parts = _fields(path, n, line, 4)
-        out.append(Example({"premise": parts[1], "hypothesis": parts[2]}, parts[3], f"{path}, line {n}"))
-    return out
+    return [
+        Example({"premise": f[1], "hypothesis": f[2]}, f[3], where)
+        for where, f in _tsv_rows(path, 4, header=True)
+    ]
 
 
 def read_mrpc(path: Path) -> list[Example]:
-    out = []
-    for n, line in _lines(path):
-        if n == 1:
-            continue
-        parts = _fields(path, n, line, 5)
-        out.append(Example({"text_a": parts[3], "text_b": parts[4]}, parts[0], f"{path}, line {n}"))
-    return out
+    return [
+        Example({"text_a": f[3], "text_b": f[4]}, f[0], where) for where, f in _tsv_rows(path, 5, header=True)
+    ]
 
 
 def read_stsb(path: Path) -> list[Example]:
     out = []
-    for n, line in _lines(path):
-        parts = _fields(path, n, line, 7)  # a few rows carry two extra source columns: ignored
+    for where, f in _tsv_rows(path, 7):  # a few rows carry two extra source columns: ignored
         try:
-            score = float(parts[4])
+            score = float(f[4])
         except ValueError as e:
-            raise DataError(f"{path}, line {n}: field 'score' is not a number: {parts[4]!r}") from e
-        out.append(Example({"text_a": parts[5], "text_b": parts[6]}, score, f"{path}, line {n}"))
+            raise DataError(f"{where}: field 'score' is not a number: {f[4]!r}") from e
+        out.append(Example({"text_a": f[5], "text_b": f[6]}, score, where))
     return out
 
 
