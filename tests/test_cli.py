@@ -109,6 +109,30 @@ def test_generate_prints_the_models_continuation_and_reads_prompts_from_stdin(de
     assert "--max-new-tokens is deprecated: use --max-tokens" in result.stderr  # the old spelling still works
 
 
+def test_generation_session_draws_every_sample_from_one_seeded_generator(demo):
+    from gptkit.generation import SamplingParams, generate, load_for_generation
+    from gptkit.generation.text import GenerateConfig, generation_session
+
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=5)
+    config = GenerateConfig(
+        model=str(demo / "pretrain"), prompt="Alice was", sampling=params, dtype="float32"
+    )
+    config.num_samples, config.raw = 3, True
+    printed = "".join(generation_session(config)).split("\n")[:-1]
+    # By hand: three draws, one after the other, from a single generator seeded with 5.
+    model, tokenizer = load_for_generation(demo / "pretrain", dtype="float32")
+    ids = tokenizer.encode("Alice was")
+    generator = torch.Generator().manual_seed(5)
+    samples = [
+        generate(model, torch.tensor([ids]), params=params, generator=generator)[0, len(ids) :].tolist()
+        for _ in range(3)
+    ]
+    prompt = tokenizer.decode(ids)  # raw token text; the continuation is what follows the prompt's
+    assert printed == ["Alice was" + tokenizer.decode(ids + sample)[len(prompt) :] for sample in samples]
+    assert len(set(printed)) == 3, "the session's samples differ from one another"
+    assert "".join(generation_session(config)).split("\n")[:-1] == printed  # the same seed, the same session
+
+
 def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
     text = data_dir / "gutenberg" / "pg16.txt"
     result = gptkit("perplexity", "--model", demo / "pretrain", text, "--dtype", "float32")
