@@ -72,9 +72,7 @@ class _DeprecatedFlag(argparse.Action):
         setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
 
 
-def add_dataclass_arguments(
-    parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = (), defaults: Any = None
-) -> None:
+def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, defaults: Any = None) -> None:
     """One flag per field of ``cls`` (positional where the field's metadata says so), its default
     taken from the ``defaults`` instance when one is given. A field that is itself a config
     (``ServeConfig.limits``, ``GenerateConfig.sampling``) contributes its fields' flags, with the
@@ -85,7 +83,7 @@ def add_dataclass_arguments(
     hints = typing.get_type_hints(cls)
     group = parser.add_argument_group(cls.__name__, (cls.__doc__ or "").split("\n\n")[0])
     for f in dataclasses.fields(cls):
-        if f.name in skip or not f.metadata.get("cli", True):
+        if not f.metadata.get("cli", True):
             continue
         default = _default(f) if defaults is None else getattr(defaults, f.name)
         if dataclasses.is_dataclass(hints[f.name]):

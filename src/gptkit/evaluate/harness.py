@@ -74,18 +74,17 @@ def run_harness(config: HarnessConfig) -> dict:
     ``log_samples``, each task's samples beside them). ``include_path``: a folder of task YAMLs of
     your own, found beside lm-eval's (``include_defaults=False``: instead of them, which skips
     indexing lm-eval's thousands)."""
-    # Imports lm-eval (without it: an error that names the extra to install); registers "gptkit".
-    from gptkit.evaluate.harness_model import EvaluationTracker, TaskManager, simple_evaluate
+    # Registers "gptkit" with lm-eval (without lm-eval: an error that names the extra to install).
+    import gptkit.evaluate.harness_model  # noqa: F401, I001
+    from lm_eval import simple_evaluate
+    from lm_eval.loggers import EvaluationTracker
+    from lm_eval.tasks import TaskManager
 
-    task_manager = TaskManager(
-        include_path=str(config.include_path) if config.include_path else None,
-        include_defaults=config.include_defaults,
-    )
-    output_path = config.output_path
-    tracker = EvaluationTracker(output_path=str(output_path) if output_path else None)
+    task_manager = TaskManager(include_path=config.include_path, include_defaults=config.include_defaults)
+    tracker = EvaluationTracker(output_path=config.output_path)
     results = simple_evaluate(
         model="gptkit",
-        model_args={"pretrained": str(config.model), "dtype": config.dtype},
+        model_args={"pretrained": config.model, "dtype": config.dtype},
         tasks=list(config.tasks),
         num_fewshot=config.num_fewshot,
         batch_size=config.batch_size,
@@ -101,7 +100,7 @@ def run_harness(config: HarnessConfig) -> dict:
     )
     if results is None:  # a process other than the first of a distributed run
         return {}
-    if output_path is not None:
+    if config.output_path is not None:
         samples = results.get("samples")
         aggregated = {key: value for key, value in results.items() if key != "samples"}
         tracker.save_results_aggregated(results=aggregated, samples=samples)
@@ -131,7 +130,7 @@ def write_local_task(directory: str | Path, name: str, rows: list[dict], setting
 
 def results_table(results: dict) -> str:
     """lm-eval's own table of the results (and of task groups, where there are any)."""
-    from gptkit.evaluate.harness_model import make_table
+    from lm_eval.utils import make_table
 
     tables = [make_table(results)]
     if "groups" in results:

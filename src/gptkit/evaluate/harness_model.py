@@ -22,17 +22,13 @@ from typing import Any
 
 import torch
 
-# lm-eval's API, for this module and for gptkit.evaluate.harness (simple_evaluate, EvaluationTracker,
-# TaskManager, make_table), imported here behind the one error message that names the extra.
+# The one place lm-eval is first imported, behind the error message that names the extra to install.
 try:
     import lm_eval.models  # noqa: F401 (lm-eval's own model types are registered before ours)
-    from lm_eval import simple_evaluate  # noqa: F401
     from lm_eval.api.model import TemplateLM
     from lm_eval.api.registry import register_model
-    from lm_eval.loggers import EvaluationTracker  # noqa: F401
     from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
-    from lm_eval.tasks import TaskManager  # noqa: F401
-    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, make_table  # noqa: F401
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 except ImportError as e:  # pragma: no cover - depends on the install
     raise ImportError("gptkit harness needs lm-evaluation-harness: pip install 'gptkit[eval]'") from e
 
