@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import copy
+import random
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from gptkit import GPT, GPTConfig
-from gptkit.data.metrics import f1, matthews_corrcoef, paired_difference, pearson, spearman
+from gptkit.data.metrics import (
+    f1,
+    matthews_corrcoef,
+    paired_bootstrap,
+    paired_difference,
+    pearson,
+    spearman,
+)
 from gptkit.evaluate import lm
 from gptkit.evaluate.tradeoff import _distinct, _unigram_f1, passages_from_text, sweep
 from gptkit.model.layouts import quantize_int8
@@ -165,6 +173,31 @@ def test_paired_difference_by_hand():
     assert paired_difference([0.9, 0.5, 0.7], [0.8, 0.4, 0.6]) == pytest.approx((0.1, 0.0))
     with pytest.raises(ValueError, match="same examples: 3 against 2"):
         paired_difference([1, 0, 1], [1, 0])
+
+
+def test_paired_bootstrap_agrees_with_the_formula_and_the_metrics():
+    """For accuracy the bootstrap's error converges to the paired formula's; for every metric its
+    difference is the scalar metrics' difference; two identical systems differ by exactly nothing."""
+    rng = random.Random(1)
+    targets = [rng.randint(0, 1) for _ in range(1500)]
+    a = [t if rng.random() < 0.75 else 1 - t for t in targets]
+    b = [t if rng.random() < 0.70 else 1 - t for t in targets]
+    difference, stderr = paired_bootstrap("accuracy", a, b, targets, resamples=2000)
+    exact = paired_difference(
+        [float(p == t) for p, t in zip(a, targets)], [float(p == t) for p, t in zip(b, targets)]
+    )
+    assert difference == pytest.approx(exact[0]) and stderr == pytest.approx(exact[1], rel=0.1)
+    for name, metric in (("f1", f1), ("mcc", matthews_corrcoef)):
+        difference, stderr = paired_bootstrap(name, a, b, targets)
+        assert difference == pytest.approx(metric(a, targets) - metric(b, targets)) and 0 < stderr < 0.1
+    scores = [rng.random() * 5 for _ in range(300)]
+    close = [s + rng.gauss(0, 1) for s in scores]
+    far = [s + rng.gauss(0, 3) for s in scores]
+    difference, stderr = paired_bootstrap("pearson", close, far, scores)
+    assert difference == pytest.approx(pearson(close, scores) - pearson(far, scores)) and stderr > 0
+    assert paired_bootstrap("pearson", close, close, scores) == (0.0, 0.0)
+    with pytest.raises(ValueError, match="no paired bootstrap for metric 'mse'"):
+        paired_bootstrap("mse", close, far, scores)
 
 
 def test_bits_per_byte_of_a_uniform_model_is_log2_vocab_per_token(data_dir, tmp_path):

@@ -13,7 +13,7 @@ import torch
 
 from gptkit import GPT, GPTConfig
 from gptkit.data.readers import DATASETS, read_dataset
-from gptkit.evaluate.finetuned import evaluate_model
+from gptkit.evaluate.finetuned import correct_per_example, evaluate_model
 from gptkit.evaluate.zeroshot import zeroshot
 from gptkit.generation import load_for_generation
 from gptkit.paper import suite as suite_module
@@ -125,7 +125,8 @@ def test_suite_scores_baselines_reports_and_resumes(pretrained, data_dir, tmp_pa
         run_suite(config, TRAIN)
 
 
-def test_ablations_and_missing_data(pretrained, data_dir, tmp_path):
+def test_ablations_and_missing_data(pretrained, data_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(suite_module, "FEW_EXAMPLES", 10)  # 24 training rows count as a real task here
     data = tmp_path / "data"
     data.mkdir()
     (data / "rte").symlink_to(data_dir / "rte")  # MRPC is not there
@@ -153,6 +154,23 @@ def test_ablations_and_missing_data(pretrained, data_dir, tmp_path):
     report = (out / "results.md").read_text()
     assert "## Table 5: ablations" in report and "| no_pretraining |" in report
     assert "gptkit data fetch mrpc" in report
+
+    # Each ablation against full, example by example: recomputed from each kept model's answers
+    # on the same dev rows through the separate evaluation path, the error by the paired formula.
+    comparisons = json.loads((out / "results.json").read_text())["comparisons"]
+    dev = read_dataset("rte", "dev", data_dir)[:16]
+    full = correct_per_example(out / "full" / "rte", dev, device="cpu")
+    for variant in ("no_aux_lm", "no_pretraining"):
+        other = correct_per_example(out / variant / "rte", dev, device="cpu")
+        differences = [x - y for x, y in zip(full, other)]
+        mean = sum(differences) / 16
+        stderr = (sum((d - mean) ** 2 for d in differences) / 15 / 16) ** 0.5
+        (row,) = comparisons[variant]["rte"]
+        assert row["examples"] == 16 and row["title"] == "RTE"
+        assert row["difference"] == round(100 * mean, 2) and row["stderr"] == round(100 * stderr, 2)
+    assert "mrpc" not in comparisons["no_pretraining"]  # missing data: nothing to compare
+    assert "## Each ablation against `full`, example by example" in report
+    assert "| no_pretraining | RTE | accuracy | dev | 16 |" in report
 
 
 def test_random_init_keeps_the_shape_not_the_weights(pretrained):

@@ -24,6 +24,7 @@ from typing import Literal
 import torch
 
 from gptkit.config import config_error
+from gptkit.data.metrics import paired_bootstrap, paired_difference
 from gptkit.data.readers import DATASETS, Example, read_dataset
 from gptkit.data.tasks import task_metrics
 from gptkit.io import atomic_write, read_json, write_json
@@ -39,6 +40,8 @@ VARIANTS: dict[str, str] = {
     "no_pretraining": "the same architecture from random weights (λ = 0.5)",
 }
 RESULT_NAME = "result.json"  # a finished task
+# Each reported example's prediction, beside result.json: what pairs two variants example by example.
+PREDICTIONS_NAME = "predictions.json"
 SETTINGS_NAME = "suite.json"  # what the suite in a directory was asked to do
 # Fewer training examples than this and a score says only that the pipeline runs (the sample files
 # of some datasets beside the project hold a handful of rows).
@@ -179,12 +182,15 @@ def run_task(
         train,
     )
     model = TaskModel.from_pretrained(out_dir, config.device)
-    evaluations = []
+    evaluations, predictions = [], []
     for evaluation in task.evaluations:
         examples = read_dataset(evaluation.dataset, evaluation.split, config.data_dir)
         encoded = model.encode(examples[: config.max_eval_examples], require_labels=True)
         targets = [e.target for e in encoded]
-        ours = task_metrics(model.spec, model.logits(encoded, EVAL_BATCH), targets)
+        logits = model.logits(encoded, EVAL_BATCH)
+        ours = task_metrics(model.spec, logits, targets)
+        said = logits.tolist() if model.spec.regression else logits.argmax(-1).tolist()
+        predictions.append({"title": evaluation.title, "predictions": said, "targets": targets})
         baseline = majority_baseline(model, train_examples, encoded)
         evaluations.append(
             {
@@ -209,7 +215,8 @@ def run_task(
         "evaluations": evaluations,
         "seconds": round(time.perf_counter() - started, 1),
     }
-    write_json(out_dir / RESULT_NAME, result)
+    write_json(out_dir / PREDICTIONS_NAME, predictions)
+    write_json(out_dir / RESULT_NAME, result)  # last: its presence means the task is finished
     return result
 
 
@@ -376,7 +383,84 @@ def format_table5(results: dict[str, dict[str, dict]], variants: list[str]) -> s
     return "\n".join(lines)
 
 
+def paired_comparisons(out: Path, results: dict[str, dict[str, dict]]) -> dict[str, dict[str, list[dict]]]:
+    """Every ablation against ``full`` on the same examples, {variant: {task: [one per evaluation]}}:
+    the difference of the task's metric (full − ablation, in points) and its standard error, paired
+    example by example (accuracy: sd of the per-example differences / √n; F1, Matthews and Pearson:
+    a paired bootstrap). Tasks trained on a sample file's few rows measure nothing and are left out."""
+    comparisons: dict[str, dict[str, list[dict]]] = {}
+    for variant, by_task in results.items():
+        if variant == "full":
+            continue
+        for name, result in by_task.items():
+            full = results.get("full", {}).get(name)
+            paths = [out / v / name / PREDICTIONS_NAME for v in ("full", variant)]
+            if (
+                not full
+                or {full["status"], result["status"]} != {"done"}
+                or _trained_on_few(full)
+                or not all(p.exists() for p in paths)  # finished before predictions were kept
+            ):
+                continue
+            metric = TASKS[name].metric
+            rows = []
+            for ours, theirs in zip(read_json(paths[0]), read_json(paths[1])):
+                targets = ours["targets"]
+                if theirs["targets"] != targets:  # other examples (another --max-eval-examples)
+                    continue
+                if metric == "accuracy":
+                    difference, stderr = paired_difference(
+                        [float(p == t) for p, t in zip(ours["predictions"], targets)],
+                        [float(p == t) for p, t in zip(theirs["predictions"], targets)],
+                    )
+                else:
+                    difference, stderr = paired_bootstrap(
+                        metric, ours["predictions"], theirs["predictions"], targets
+                    )
+                rows.append(
+                    {
+                        "title": ours["title"],
+                        "examples": len(targets),
+                        "difference": round(100 * difference, 2),
+                        "stderr": round(100 * stderr, 2),
+                    }
+                )
+            if rows:
+                comparisons.setdefault(variant, {})[name] = rows
+    return comparisons
+
+
+def format_comparisons(
+    results: dict[str, dict[str, dict]], comparisons: dict[str, dict[str, list[dict]]]
+) -> str:
+    lines = [
+        "## Each ablation against `full`, example by example",
+        "",
+        "full − ablation in points of the task's metric, ± the standard error of the *paired* "
+        "difference on the same examples (accuracy: sd of the per-example differences / √n; F1, "
+        "Matthews and Pearson: a paired bootstrap, 1,000 resamples). Positive: `full` is better.",
+        "",
+        "| ablation | task | metric | split | examples | full | ablation | difference ± s.e. | in s.e. |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for variant, by_task in comparisons.items():
+        for name, rows in by_task.items():
+            scores = {v: {e["title"]: e for e in results[v][name]["evaluations"]} for v in ("full", variant)}
+            for row in rows:
+                full, other = scores["full"][row["title"]], scores[variant][row["title"]]
+                ratio = f"{row['difference'] / row['stderr']:+.1f}" if row["stderr"] else "—"
+                lines.append(
+                    f"| {variant} | {row['title']} | {TASKS[name].metric} | {full['split']} | "
+                    f"{row['examples']} | {full['score']:.1f} | {other['score']:.1f} | "
+                    f"{row['difference']:+.1f} ± {row['stderr']:.1f} | {ratio} |"
+                )
+    return "\n".join(lines)
+
+
 def write_reports(out: Path, results: dict[str, dict[str, dict]], config: SuiteConfig | None = None) -> None:
-    write_json(out / "results.json", {"results": results})
+    comparisons = paired_comparisons(out, results)
+    write_json(out / "results.json", {"results": results, "comparisons": comparisons})
     text = format_markdown(results, config) + "\n"
+    if comparisons:
+        text += "\n" + format_comparisons(results, comparisons) + "\n"
     atomic_write(out / "results.md", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
