@@ -422,6 +422,8 @@ def run_pretrain(shards, out, *extra, nproc=1):
         "1",
         "--eval-every",
         "3",
+        "--eval-windows",
+        "8",
         "--checkpoint-every",
         "3",
         "--precision",

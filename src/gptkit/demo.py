@@ -166,6 +166,7 @@ DEMO_TASKS = {
     ),
 }
 QUICK_TASK_EXAMPLES = {"train": 64, "dev": 64}  # --quick: a few updates, the report split in full
+QUICK_BOOK_CHARS = 100_000  # --quick: the vocabulary and the shards from each book's first pages
 
 
 def demo_corpus(data: Path) -> list[Path]:
@@ -176,6 +177,16 @@ def demo_corpus(data: Path) -> list[Path]:
             f"demo corpus not found under {data} (missing: {', '.join(missing) or 'gutenberg/'})"
         )
     return files
+
+
+def book_openings(files: list[Path], out: Path, chars: int) -> list[Path]:
+    """Each file's first ``chars`` characters, as corpus files in ``out`` (a smoke run's corpus)."""
+    out.mkdir(parents=True, exist_ok=True)
+    openings = []
+    for path in files:
+        openings.append(out / f"{path.parent.name}-{path.name}")
+        openings[-1].write_text(path.read_text(encoding="utf-8")[:chars], encoding="utf-8")
+    return openings
 
 
 def task_text(data: Path, out: Path) -> list[Path]:
@@ -311,7 +322,10 @@ def run_demo(config: DemoConfig) -> dict:
     out.mkdir(parents=True)
     (out / MARKER).write_text("made by gptkit demo; safe to delete\n")
     started = time.perf_counter()
-    corpus = demo_corpus(data) + task_text(data, out / "task_text")
+    books = demo_corpus(data)
+    if config.quick:
+        books = book_openings(books, out / "book_openings", QUICK_BOOK_CHARS)
+    corpus = books + task_text(data, out / "task_text")
     shape = QUICK_RECIPE if config.quick else RECIPES[config.recipe]
     budget = None if config.quick else config.time_budget
 
