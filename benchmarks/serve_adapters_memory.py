@@ -4,12 +4,15 @@ of the base, against the same tasks as full models.
 The base is GPT-2 small's shape (12 layers, d 768, GPT-2's vocabulary; random weights), the adapters
 rank 8 on c_attn, c_proj and c_fc (random matrices: their size, not their values, is measured), each
 with its classification head, fp32 on CPU. Each count is loaded by `gptkit serve`'s loader
-(``load_models``) in a fresh process; the figure is its resident set after loading, less that of the
-same process before (torch and the server's imports).
+(``load_models``) in a fresh process, then answers one classify pass with a sentence for every
+model (a first mixed batch: the adapters' matrices are stacked per layer then); the figure is its
+resident set after that, less that of the same process before (torch and the server's imports),
+and again after glibc's ``malloc_trim`` (Linux) returns the heap it keeps for reuse.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import subprocess
 import sys
@@ -33,12 +36,34 @@ def worker(directories: list[str]) -> None:
     import torch
 
     from gptkit.serve.config import ServeLimits
-    from gptkit.serve.models import load_models
+    from gptkit.serve.models import CLASSIFY, AdapterBatcher, load_models
 
     torch.set_num_threads(1)
     before = resident_mb()
     models = load_models({Path(d).name: d for d in directories}, ServeLimits(), dtype="float32", device="cpu")
-    print(json.dumps({"models": len(models), "resident_mb": round(resident_mb() - before)}))
+    loaded = resident_mb() - before
+    # One classify pass with a sentence for every model, as a server's first mixed batch: adapters
+    # are stacked per layer at the first pass after they are added, and their files' tensors freed.
+    first = models[0].batchers[CLASSIFY]
+    if isinstance(first, AdapterBatcher):
+        items = [(m.name, m.task.encode([{"text": "a gentle , funny film"}])[0]) for m in models]
+        first.shared.run(items)
+    else:
+        first.run(models[0].task.encode([{"text": "a gentle , funny film"}]))
+    served = resident_mb() - before
+    # What the tensors alive hold: glibc keeps freed heap (the adapters' files once read, their
+    # scaled copies' sources) for the process's next allocations; malloc_trim hands it back.
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    print(
+        json.dumps(
+            {
+                "models": len(models),
+                "resident_mb": round(served),
+                "resident_mb_before_first_pass": round(loaded),
+                "resident_mb_after_malloc_trim": round(resident_mb() - before),
+            }
+        )
+    )
 
 
 def measure(directories: list[Path]) -> dict:
