@@ -7,7 +7,8 @@ Every task of every variant runs in its own directory, ``OUT/<variant>/<task>``,
 on the task's reported sets (test where the labels are public, else dev) next to a majority-class
 baseline on the same examples. A finished task leaves ``result.json`` and is never run again; a
 killed one continues from its latest checkpoint. ``results.json`` and ``results.md`` are rewritten
-after every task, so they are current whenever the suite stops.
+after every task, so they are current whenever the suite stops; with ablations they end with each
+one against ``full``, paired example by example over the predictions every task keeps.
 """
 
 from __future__ import annotations
