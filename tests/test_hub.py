@@ -21,6 +21,7 @@ import torch
 from gptkit import GPT, GPTConfig, Tokenizer, hub
 from gptkit.cli import main
 from gptkit.generation import load_for_generation
+from gptkit.model.task import TaskModel
 from tests.hub_cache import publish
 
 transformers = pytest.importorskip("transformers")
@@ -214,6 +215,7 @@ DOORS = {
     "suite": ["suite", "--init", "{name}", "--out", "{out}"],
     "figure2 layers": ["figure2", "layers", "--init", "{name}", "--out", "{out}"],
     "tokenize": ["tokenize", "--tokenizer", "{name}"],
+    "demo --init": ["demo", "--init", "{name}", "--data", "{data}", "--out", "{out}"],
     "prepare": ["prepare", "{data}/tinyshakespeare/input.txt", "--tokenizer", "{name}", "--out", "{out}"],
 }
 
@@ -233,8 +235,6 @@ def test_every_door_resolves_names_and_leaves_nothing_behind(door, hub_home, tmp
 
 
 def test_finetune_and_evaluate_by_name(hub_home, tmp_path, data_dir):
-    from gptkit.model.task import TaskModel
-
     run = tmp_path / "ft"
     common = ["--dataset", "sst2", "--data-dir", str(data_dir), "--max-train-examples", "16"]
     common += ["--max-eval-examples", "16", "--epochs", "1", "--batch-size", "8", "--device", "cpu"]
@@ -272,3 +272,31 @@ def test_serve_by_name_answers_with_transformers_greedy_continuation(hub_home, t
     ids = tokenizer(prompt, return_tensors="pt").input_ids
     out = reference.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=50256)
     assert answer.choices[0].text == tokenizer.decode(out[0, ids.size(1) :])
+
+
+def test_demo_from_published_weights_pairs_both_sides_update_for_update(hub_home, tmp_path, data_dir):
+    from gptkit.data.metrics import paired_difference
+    from gptkit.demo import DemoConfig, run_demo
+    from gptkit.train.rundir import RunDir
+
+    out = tmp_path / "demo"
+    summary = run_demo(
+        DemoConfig(data=str(data_dir), out=str(out), init="openai-gpt", quick=True, device="cpu")
+    )
+    assert summary["recipe"] == "published" and set(summary["tasks"]) == {"sst2", "story_cloze"}
+    for name, result in summary["tasks"].items():
+        sides = {side: out / f"{name}-{side}" for side in ("pretrained", "from_scratch")}
+        # The same updates on both sides, from the published weights and from random ones.
+        assert RunDir(sides["pretrained"]).resolved_max_steps() == result["updates"] > 0
+        assert RunDir(sides["from_scratch"]).resolved_max_steps() == result["updates"]
+        correct = {
+            s: json.loads((d / "report_correct.json").read_text())["correct"] for s, d in sides.items()
+        }
+        assert len(correct["pretrained"]) == len(correct["from_scratch"]) == result["examples"]
+        difference, stderr = paired_difference(correct["pretrained"], correct["from_scratch"])
+        assert (result["difference"], result["stderr"]) == pytest.approx((difference, stderr))
+    # The random side starts from new weights of the published shape; the published side from them.
+    published = GPT.from_pretrained("openai-gpt")
+    tuned = TaskModel.from_pretrained(out / "sst2-pretrained", device="cpu").gpt
+    assert tuned.config.n_layer == published.config.n_layer
+    assert set(summary["samples"]) and all(isinstance(text, str) for text in summary["samples"].values())
