@@ -2,12 +2,19 @@
 # Every benchmark in benchmarks/, on a CUDA machine: the GPU and software first (nvidia-smi, torch and
 # CUDA versions), then each benchmark's JSON line, on the GPU (fp32 and bf16) where it takes a device.
 #
-#   benchmarks/gpu.sh [--quick] [--device-only]
+#   benchmarks/gpu.sh [--quick] [--device-only] [--paper]
 #
 #   --quick        the benchmarks that have a smoke mode run it (evaluate_throughput)
 #   --device-only  skip the benchmarks that measure only the CPU (see below): a GPU machine's time
 #                  is better spent on what needs the GPU
+#   --paper        also the paper's Tables 2-3 from OpenAI's published GPT-1: `gptkit suite --init
+#                  openai-gpt` on every task's full data, on the GPU, with the paper's settings; its
+#                  results.md puts each score beside the paper's. Needs the weights (`gptkit download
+#                  openai-gpt`, or HF_HOME holding them) and the datasets (GPTKIT_DATA, else `gptkit
+#                  data fetch --all` into data/). Hours, not minutes. Written for a GPU but not yet
+#                  run on one: untested there.
 #   env: PYTHON (default .venv/bin/python), GPTKIT_DATA (default ../shared/data beside the checkout),
+#        GPTKIT_PAPER_OUT (--paper's suite folder, default runs/gpu-paper; rerun, it continues),
 #        GPTKIT_BENCH_TIME_LIMIT_S (common.py: the most one measurement may take), CUDA_VISIBLE_DEVICES
 #
 # Which benchmark runs where:
@@ -30,12 +37,13 @@
 
 set -uo pipefail
 
-quick=() device_only=0
+quick=() device_only=0 paper=0
 for arg in "$@"; do
     case "$arg" in
         --quick) quick=(--quick) ;;
         --device-only) device_only=1 ;;
-        -h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --paper) paper=1 ;;
+        -h | --help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -103,6 +111,21 @@ if [ "$device_only" = 0 ]; then
     for name in serve_throughput tokenizer_throughput prepare_throughput; do
         run "$name"
     done
+fi
+
+# The paper's Tables 2-3: GPT-1's published weights fine-tuned on each task's full data.
+if [ "$paper" = 1 ]; then
+    data="${GPTKIT_DATA:-$repo/../shared/data}"
+    [ -d "$data/story_cloze_2016" ] || { data="$repo/data"; "$python" -m gptkit data fetch --all --out "$data" >&2; }
+    paper_out="${GPTKIT_PAPER_OUT:-runs/gpu-paper}"
+    echo "== paper: gptkit suite --init openai-gpt --data-dir $data --out $paper_out --device cuda" >&2
+    if "$python" -m gptkit download openai-gpt >&2 \
+        && "$python" -m gptkit suite --init openai-gpt --data-dir "$data" --out "$paper_out" \
+            --device cuda --no-progress >&2; then
+        cat "$paper_out/results.md"
+    else
+        failed+=("paper suite (see above)")
+    fi
 fi
 
 echo "== all JSON lines" >&2

@@ -300,3 +300,97 @@ def test_demo_from_published_weights_pairs_both_sides_update_for_update(hub_home
     tuned = TaskModel.from_pretrained(out / "sst2-pretrained", device="cpu").gpt
     assert tuned.config.n_layer == published.config.n_layer
     assert set(summary["samples"]) and all(isinstance(text, str) for text in summary["samples"].values())
+
+
+# The download itself, from a Hub on 127.0.0.1 ------------------------------------------------------
+
+
+def _gptkit(*args: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "gptkit", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_download_fetches_only_what_gptkit_reads_and_reports_what_the_hub_answered(repos, tmp_path):
+    from tests.fake_hub import FakeHub
+
+    folder = tmp_path / "repo"
+    shutil.copytree(repos[GPT2], folder)
+    (folder / "tf_model.h5").write_bytes(b"TensorFlow weights: never fetched")
+    (folder / "pytorch_model.bin").write_bytes(b"pickled weights: never fetched beside safetensors")
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+    env.pop("HF_HUB_OFFLINE", None)
+    with FakeHub() as fake:
+        fake.add(GPT2, folder)
+        fake.add("someone/gated", folder)
+        fake.gated.add("someone/gated")
+        env["HF_ENDPOINT"] = fake.endpoint
+        result = _gptkit("download", "gpt2", env=env)
+        assert result.returncode == 0, result.stderr
+        snapshot = Path(result.stdout.strip().splitlines()[-1])
+        assert (
+            snapshot
+            == tmp_path
+            / "hf_home"
+            / "hub"
+            / "models--openai-community--gpt2"
+            / "snapshots"
+            / fake.commit(GPT2)
+        )
+        wanted = {"config.json", "generation_config.json", "model.safetensors", "merges.txt", "vocab.json"}
+        wanted |= {"tokenizer.json", "tokenizer_config.json"}
+        assert {p.name for p in snapshot.iterdir()} == wanted
+        assert sorted(fake.fetched()) == sorted(wanted)
+        assert (snapshot / "model.safetensors").read_bytes() == (folder / "model.safetensors").read_bytes()
+
+        unknown = _gptkit("download", "nobody/nothing", env=env)
+        gated = _gptkit("download", "someone/gated", env=env)
+        revision = _gptkit("download", "gpt2", "--revision", "v9", env=env)
+    for result, said in [
+        (unknown, "the Hub answered that no repository nobody/nothing exists"),
+        (gated, "the Hub answered that someone/gated is gated"),
+        (revision, "the Hub has openai-community/gpt2 but no revision 'v9'"),
+    ]:
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert said in result.stderr.strip().splitlines()[-1], result.stderr
+    # Offline now, the cache answers by name.
+    env["HF_HUB_OFFLINE"] = "1"
+    result = subprocess.run(
+        [sys.executable, "-m", "gptkit", "tokenize", "--tokenizer", "gpt2"],
+        cwd=REPO,
+        env=env,
+        input="hello world",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["31373", "995"]
+
+
+def test_a_repository_without_safetensors_gives_its_pytorch_weights(repos, tmp_path):
+    from tests.fake_hub import FakeHub
+
+    folder = tmp_path / "bin-only"
+    folder.mkdir()
+    reference = transformers.GPT2LMHeadModel.from_pretrained(repos[GPT2]).eval()
+    torch.save(reference.state_dict(), folder / "pytorch_model.bin")  # the older, pickled format
+    for name in ("config.json", "vocab.json", "merges.txt"):
+        shutil.copyfile(repos[GPT2] / name, folder / name)
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+    env.pop("HF_HUB_OFFLINE", None)
+    with FakeHub() as fake:
+        fake.add("someone/bin-only", folder)
+        env["HF_ENDPOINT"] = fake.endpoint
+        result = _gptkit("convert", "someone/bin-only", str(tmp_path / "converted"), env=env)
+    assert result.returncode == 0, result.stderr
+    assert "pytorch_model.bin" in fake.fetched()
+    ids = torch.tensor([[464, 3290, 286, 1204, 318]])
+    with torch.no_grad():
+        ours = GPT.from_pretrained(tmp_path / "converted")(ids).logits
+        torch.testing.assert_close(ours, reference(ids).logits, atol=1e-4, rtol=1e-4)

@@ -73,9 +73,9 @@ def parse_name(value: str | os.PathLike) -> HubName | None:
     return HubName(repo_id, match["revision"])
 
 
-def resolve(source: str | os.PathLike, *, revision: str | None = None) -> Path:
+def resolve(source: str | os.PathLike) -> Path:
     """The local folder behind ``source``: the folder itself, or the Hub repository it names,
-    fetched into (or found in) huggingface_hub's cache. ``revision`` overrides a name's ``@revision``.
+    fetched into (or found in) huggingface_hub's cache.
 
     Raises FileNotFoundError for a path that is not a folder, :class:`HubError` for a name that
     cannot be had.
@@ -88,8 +88,6 @@ def resolve(source: str | os.PathLike, *, revision: str | None = None) -> Path:
     name = parse_name(source)
     if name is None:
         raise FileNotFoundError(f"{source}: no such folder")
-    if revision is not None:
-        name = HubName(name.repo_id, revision)
     return fetch(name, source=str(source))
 
 
