@@ -285,7 +285,7 @@ class SeedDifference:
 def seed_paired_difference(
     metric: str,
     a_runs: Sequence[Sequence[float]],
-    b_runs: Sequence[Sequence[float]],
+    b_runs: Sequence[Sequence[float]] | None,
     targets: Sequence[float],
     resamples: int = 1000,
     seed: int = 0,
@@ -294,32 +294,37 @@ def seed_paired_difference(
     run's predictions on the same examples), with :func:`seed_standard_error`'s error. The example
     errors are :func:`paired_difference`'s for accuracy and, for F1, Matthews and Pearson,
     :func:`paired_bootstrap`'s, every seed rescored on the same resamples so that the pooled error
-    keeps the examples shared."""
-    if len(a_runs) != len(b_runs) or not a_runs:
-        raise ValueError(f"one run of each system per seed: {len(a_runs)} against {len(b_runs)}")
+    keeps the examples shared. Without ``b_runs``: system a's own score over its seeds, and its
+    error."""
+    if not a_runs or (b_runs is not None and len(a_runs) != len(b_runs)):
+        raise ValueError(f"one run of each system per seed: {len(a_runs)} against {len(b_runs or [])}")
     n = len(targets)
-    if any(len(run) != n for run in (*a_runs, *b_runs)):
+    if any(len(run) != n for run in (*a_runs, *(b_runs or []))):
         raise ValueError(f"every run needs a prediction for each of the {n} examples")
+    pairs = list(zip(a_runs, b_runs or [None] * len(a_runs)))
     if metric == "accuracy":
         truth = np.asarray(targets, dtype=np.float64)
+
+        def correct(run: Sequence[float] | None) -> np.ndarray:
+            return np.zeros(n) if run is None else (np.asarray(run) == truth) * 1.0
+
         # (seeds, examples): 1, 0 or -1 where a is right and b wrong, both alike, or b right.
-        per_example = np.stack(
-            [(np.asarray(a) == truth) * 1.0 - (np.asarray(b) == truth) for a, b in zip(a_runs, b_runs)]
-        )
+        per_example = np.stack([correct(a) - correct(b) for a, b in pairs])
         differences, stderrs = _mean_and_stderr(per_example)
         pooled = _mean_and_stderr(per_example.mean(0))[1]
     else:
         t_ = torch.tensor(targets, dtype=torch.float64)
         generator = torch.Generator().manual_seed(seed)
         rows = torch.randint(n, (resamples, n), generator=generator)
-        differences, resampled = [], []
-        for a, b in zip(a_runs, b_runs):
-            a_, b_ = (torch.tensor(run, dtype=torch.float64) for run in (a, b))
-            whole = _batched_metric(metric, a_[None], t_[None]) - _batched_metric(metric, b_[None], t_[None])
-            differences.append(float(whole))
-            resampled.append(
-                _batched_metric(metric, a_[rows], t_[rows]) - _batched_metric(metric, b_[rows], t_[rows])
-            )
+
+        def score(run: Sequence[float] | None, rows: torch.Tensor) -> torch.Tensor:
+            if run is None:
+                return torch.zeros(len(rows), dtype=torch.float64)
+            return _batched_metric(metric, torch.tensor(run, dtype=torch.float64)[rows], t_[rows])
+
+        whole = torch.arange(n)[None]
+        differences = [float(score(a, whole) - score(b, whole)) for a, b in pairs]
+        resampled = [score(a, rows) - score(b, rows) for a, b in pairs]
         stacked = torch.stack(resampled)  # (seeds, resamples)
         stderrs = stacked.std(-1).tolist()
         pooled = float(stacked.mean(0).std())
