@@ -261,12 +261,23 @@ def test_figure2_transfer_layers(pretrained, data_dir, tmp_path):
     report = transfer_curve(config, TRAIN)
     assert [p["layers"] for p in report["points"]] == [0, 2] and report["n_layer"] == 2
     kept = [
-        json.loads((tmp_path / "layers" / f"layers-{k:02d}" / "run_config.json").read_text())["finetune"]
+        json.loads((tmp_path / "layers" / f"layers-{k:02d}" / SEED / "run_config.json").read_text())[
+            "finetune"
+        ]
         for k in (0, 2)
     ]
     assert [k["transfer_layers"] for k in kept] == [0, 2]
+    # One seed: each point's error is its accuracy's over examples, sd of right/wrong / √n.
+    (predictions,) = json.loads((tmp_path / "layers" / "layers-02" / SEED / "predictions.json").read_text())
+    right = [float(p == t) for p, t in zip(predictions["predictions"], predictions["targets"])]
+    accuracy = sum(right) / 16
+    (point,) = report["points"][1]["evaluations"]
+    assert point["score"] == round(100 * accuracy, 1)
+    assert point["stderr"] == round(100 * (sum((r - accuracy) ** 2 for r in right) / 15 / 16) ** 0.5, 2)
     assert (tmp_path / "layers" / "layers.png").stat().st_size > 0
-    assert "| 0 |" in (tmp_path / "layers" / "layers.md").read_text()
+    table = (tmp_path / "layers" / "layers.md").read_text()
+    assert f"| 2 | 1 | {point['score']:.1f} ± {point['stderr']:.1f} |" in table
+    assert "one seed the error counts the examples only" in table
     with pytest.raises(ValueError, match=r"layers.epochs: 1 → 2"):  # the same --out, other settings
         transfer_curve(dataclasses.replace(config, epochs=2), TRAIN)
     with pytest.raises(ValueError, match=r"outside 0..2"):
