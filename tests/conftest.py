@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.hub_cache import offline_hub  # noqa: F401 (a fixture: an empty, offline Hugging Face cache)
+
 # The project's data lives in ../shared/data beside the checkout; GPTKIT_DATA overrides it.
 DATA_DIR = Path(os.environ.get("GPTKIT_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 # Throwaway runs need no fsync (about 10 ms a file); tests/test_io.py checks the durable path.

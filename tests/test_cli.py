@@ -285,7 +285,7 @@ def test_convert_and_tokenize_commands(data_dir, tmp_path):
     result = gptkit("tokenize", "--tokenizer", data_dir / "gpt2_bpe", "--decode", stdin="31373 995")
     assert result.stdout.strip() == "hello world"
     result = gptkit("convert", tmp_path / "nowhere", tmp_path / "x")
-    assert result.returncode == 2 and "no such directory" in result.stderr
+    assert result.returncode == 2 and "no such folder" in result.stderr
 
 
 def test_data_fetch_from_a_mirror_verifies_checksums(data_dir, tmp_path):

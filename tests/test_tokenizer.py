@@ -183,7 +183,7 @@ def test_gpt2_bad_input(gpt2):
 def test_unknown_directory_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="no known vocabulary"):
         Tokenizer.from_pretrained(tmp_path)
-    with pytest.raises(FileNotFoundError, match="no such tokenizer directory"):
+    with pytest.raises(FileNotFoundError, match="no such folder"):
         Tokenizer.from_pretrained(tmp_path / "absent")
 
 

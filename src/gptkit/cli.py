@@ -203,6 +203,12 @@ def cmd_convert(config) -> None:
     print(f"wrote {config.destination} ({kind} format, {model.num_parameters():,} parameters)")
 
 
+def cmd_download(config) -> None:
+    from gptkit.hub import download
+
+    print(download(config))
+
+
 def cmd_tokenizer_train(config) -> None:
     from gptkit.tokenizer.train import train_tokenizer
 
@@ -359,6 +365,7 @@ def _commands() -> list[Command]:
     from gptkit.evaluate.zeroshot import ZeroshotConfig
     from gptkit.export import ExportConfig
     from gptkit.generation.text import GenerateConfig
+    from gptkit.hub import DownloadConfig
     from gptkit.model.weights import ConvertConfig
     from gptkit.paper.figures import TransferConfig, ZeroshotCurveConfig
     from gptkit.paper.suite import SuiteConfig
@@ -370,6 +377,7 @@ def _commands() -> list[Command]:
     from gptkit.train.pretrain import PretrainConfig
 
     return [
+        Command("download", (DownloadConfig,), cmd_download),
         Command("convert", (ConvertConfig,), cmd_convert),
         Command("export", (ExportConfig,), cmd_export),
         Command("tokenizer train", (TokenizerTrainConfig,), cmd_tokenizer_train),

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from gptkit import hub
 from gptkit.data.corpus import (
     BLOCK_BYTES,
     DECODE_ERRORS,
@@ -256,6 +257,7 @@ def prepare(
         raise ValueError("no corpus files given")
     for file in corpus:
         check_corpus_file(file, text_field, errors)
+    tokenizer_dir = hub.resolve(tokenizer_dir)  # a Hub name: its cached folder, which the workers read too
     tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
     if workers is None:
         workers = default_workers() if tokenizer.style == "gpt1" else 1
@@ -300,7 +302,7 @@ class PrepareConfig:
             "positional": True,
         }
     )
-    tokenizer: str = field(metadata={"help": "Tokenizer directory."})
+    tokenizer: str = field(metadata={"help": "Tokenizer folder or Hub name (gpt2, openai-gpt, org/name)."})
     out: str = field(metadata={"help": "Directory to write the shards to."})
     val_fraction: float = field(
         default=0.05,

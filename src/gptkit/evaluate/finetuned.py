@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gptkit import hub
 from gptkit.data.readers import Example, parse_columns, read_dataset, read_table
 from gptkit.data.tasks import task_metrics
 from gptkit.hardware import DEVICE_HELP
@@ -18,7 +19,7 @@ from gptkit.model.task import TASK_NAME, TaskModel
 class LabelledDataConfig:
     """Print a fine-tuned model's metrics on labelled data (your file or a public dataset) as JSON."""
 
-    model: str = field(metadata={"help": "Directory written by `gptkit finetune`."})
+    model: str = field(metadata={"help": "Folder written by `gptkit finetune`, or the Hub name of one."})
     data: str | None = field(
         default=None, metadata={"help": "CSV/TSV (with a header), JSONL or parquet file."}
     )
@@ -41,7 +42,7 @@ class LabelledDataConfig:
             return read_dataset(self.dataset, self.split, self.data_dir)
         if not self.data:
             raise ValueError("give --data FILE or --dataset NAME")
-        task = read_json_object(Path(self.model) / TASK_NAME).get("spec", {}).get("task")
+        task = read_json_object(hub.resolve(self.model) / TASK_NAME).get("spec", {}).get("task")
         return read_table(self.data, task, parse_columns(self.columns))
 
 

@@ -25,7 +25,9 @@ class HarnessConfig:
     """lm-evaluation-harness's tasks on a gptkit model (pip install 'gptkit[eval]'); lm-eval's results."""
 
     model: str = field(
-        metadata={"help": "Model directory: a run directory, or any that GPT.from_pretrained reads."}
+        metadata={
+            "help": "Model: a run folder, any folder GPT.from_pretrained reads, or a Hub name (gpt2, openai-gpt, org/name@rev)."
+        }
     )
     tasks: list[str] = field(
         metadata={

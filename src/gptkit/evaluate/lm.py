@@ -102,9 +102,9 @@ class PerplexityConfig(InferenceConfig):
     """Perplexity of a text file under a model (strided sliding window)."""
 
     file: str = field(metadata={"help": "Text file to score.", "positional": True})
-    model: str = field(metadata={"help": "Model directory or hub name."})
+    model: str = field(metadata={"help": "Model folder or Hub name (gpt2, openai-gpt, org/name@rev)."})
     tokenizer: str | None = field(
-        default=None, metadata={"help": "Tokenizer directory (default: the model directory)."}
+        default=None, metadata={"help": "Tokenizer folder or Hub name (default: the model's)."}
     )
     stride: int | None = field(default=None, metadata={"help": "Window step (default: half the context)."})
 

@@ -181,10 +181,10 @@ def save_report(report: dict, out_dir: str | Path) -> None:
 class TradeoffConfig(InferenceConfig):
     """Sweep temperature (and top-p): the diversity against fidelity of samples, measured."""
 
-    model: str = field(metadata={"help": "Model directory or hub name."})
+    model: str = field(metadata={"help": "Model folder or Hub name (gpt2, openai-gpt, org/name@rev)."})
     prompts: str = field(metadata={"help": "Held-out text; passages are cut from it."})
     tokenizer: str | None = field(
-        default=None, metadata={"help": "Tokenizer directory (default: the model directory)."}
+        default=None, metadata={"help": "Tokenizer folder or Hub name (default: the model's)."}
     )
     out: str = field(
         default="tradeoff", metadata={"help": "Directory for tradeoff.json, tradeoff.txt and tradeoff.png."}

@@ -100,12 +100,16 @@ def run_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
 class ZeroshotConfig(InferenceConfig):
     """GPT-1's zero-shot heuristics (§5) on a public dataset, for a model or every checkpoint of a run."""
 
-    model: str = field(metadata={"help": "A model directory, or a run directory with --checkpoints."})
+    model: str = field(
+        metadata={
+            "help": "A model folder or Hub name (gpt2, openai-gpt, org/name@rev), or a run directory with --checkpoints."
+        }
+    )
     task: Literal["acceptability", "multiple_choice", "question_answering", "sentiment"] = field(
         metadata={"help": "Which heuristic."}
     )
     tokenizer: str | None = field(
-        default=None, metadata={"help": "Tokenizer directory (default: the model directory)."}
+        default=None, metadata={"help": "Tokenizer folder or Hub name (default: the model's)."}
     )
     dataset: str | None = field(
         default=None,

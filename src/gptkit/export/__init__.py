@@ -40,7 +40,7 @@ class ExportConfig:
 
     model: str = field(
         metadata={
-            "help": "Model directory: a gptkit run or checkpoint, or a Hugging Face GPT-1/GPT-2 directory.",
+            "help": "Model: a gptkit run or checkpoint, a Hugging Face GPT-1/GPT-2 folder, or a Hub name (gpt2, openai-gpt, org/name@rev).",
             "positional": True,
         }
     )
@@ -62,7 +62,7 @@ class ExportConfig:
         },
     )
     tokenizer: str | None = field(
-        default=None, metadata={"help": "gguf: tokenizer directory to embed (default: the model directory)."}
+        default=None, metadata={"help": "gguf: tokenizer folder or Hub name to embed (default: the model's)."}
     )
 
     def __post_init__(self) -> None:

@@ -17,6 +17,7 @@ from typing import Literal
 
 import torch
 
+from gptkit import hub
 from gptkit.generation.decode import generate, stream_ids
 from gptkit.generation.incremental import IncrementalText
 from gptkit.generation.sampling import SamplingParams, sampling_params
@@ -94,6 +95,7 @@ def load_for_generation(
     """
     if quantize not in QUANTIZATIONS:
         raise ValueError(f"quantize must be one of {', '.join(QUANTIZATIONS)}, got {quantize!r}")
+    hub.ensure_available(model_dir, tokenizer_dir)  # a name that cannot be had fails before any measuring
     torch_device = resolve_device(device)
     if quantize == "int8":
         choice = Choice("bfloat16", "int8 weights, bf16 activations (--quantize int8)")
@@ -230,13 +232,15 @@ class GenerateConfig(InferenceConfig):
     """Generate text from a prompt, printing it as it is decoded."""
 
     model: str = field(
-        metadata={"help": "Model directory (HF, gptkit or converted GPT-1 release) or hub name."}
+        metadata={
+            "help": "Model folder (HF, gptkit or converted GPT-1 release) or Hub name (gpt2, openai-gpt, org/name@rev)."
+        }
     )
     prompt: str = field(
         default="", metadata={"help": "Text to continue (empty: start from the start/end-of-text token)."}
     )
     tokenizer: str | None = field(
-        default=None, metadata={"help": "Tokenizer directory (default: the model directory)."}
+        default=None, metadata={"help": "Tokenizer folder or Hub name (default: the model's)."}
     )
     interactive: bool = field(
         default=False, metadata={"help": "Read prompts from stdin, one a line, until EOF."}

@@ -20,6 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gptkit import hub
 from gptkit.data.readers import OPTIONAL_FIELDS, TEXT_FIELDS, Example
 from gptkit.data.tasks import EncodedExample, TaskSpec, collate, encode_examples
 from gptkit.hardware import resolve_device
@@ -230,24 +231,20 @@ class TaskModel(nn.Module):
         A LoRA run's directory (an adapter) is applied to its base model, the one it was trained
         from, or ``base``, and merged into it: the model computes as fast as a fully fine-tuned one.
         """
-        directory = Path(directory)
-        info = read_task_info(directory)
-        spec = TaskSpec(**info["spec"])
-        if is_adapter_dir(directory):
-            gpt = lora_gpt(directory, info, base)
-        else:
-            gpt = GPT.from_pretrained(directory)
-        model = cls(
-            gpt,
-            spec,
-            info.get("clf_dropout", 0.1),
-            info.get("lm_coef", 0.5),
-            Tokenizer.from_pretrained(directory),
-        )
-        model.load_state_dict(
-            read_task_state(directory, model.state_dict() if is_adapter_dir(directory) else None)
-        )
-        if is_adapter_dir(directory):
+        with hub.reading(directory) as directory:
+            info = read_task_info(directory)
+            spec = TaskSpec(**info["spec"])
+            adapter = is_adapter_dir(directory)
+            gpt = lora_gpt(directory, info, base) if adapter else GPT.from_pretrained(directory)
+            model = cls(
+                gpt,
+                spec,
+                info.get("clf_dropout", 0.1),
+                info.get("lm_coef", 0.5),
+                Tokenizer.from_pretrained(directory),
+            )
+            model.load_state_dict(read_task_state(directory, model.state_dict() if adapter else None))
+        if adapter:
             merge_lora(model.gpt)
         return model.to(resolve_device(device)).eval()
 
@@ -318,13 +315,14 @@ def adapter_base_dir(directory: Path, info: dict, base: str | Path | None = None
         )
     base_dir = Path(base)
     if not base_dir.is_dir() and (directory / base_dir).is_dir():
-        base_dir = directory / base_dir
-    if not base_dir.is_dir():
+        return directory / base_dir
+    try:
+        return hub.resolve(base)  # a folder as given, or a Hub name such as gpt2
+    except FileNotFoundError as e:
         raise FileNotFoundError(
-            f"{directory}: the adapter's base model {str(base)!r} is not a directory (from {TASK_NAME}'s "
-            "lora.base); pass the base model's directory"
-        )
-    return base_dir
+            f"{directory}: the adapter's base model {str(base)!r} is not a folder (from {TASK_NAME}'s "
+            "lora.base); pass the base model's folder or Hub name"
+        ) from e
 
 
 def lora_task_info(settings: LoRASettings, base: str | None, first_trainable_row: int) -> dict:

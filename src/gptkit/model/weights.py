@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gptkit import hub
 from gptkit.config import GPTConfig
 from gptkit.io import (
     RESAVE_ADVICE,
@@ -30,7 +31,6 @@ from gptkit.io import (
 from gptkit.model.network import GPT, sinusoidal_positions
 
 CONFIG_NAME = "config.json"
-_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 SAFETENSORS_NAME = "model.safetensors"
 PYTORCH_NAME = "pytorch_model.bin"
 OPENAI_SHAPES_NAME = "params_shapes.json"
@@ -279,18 +279,13 @@ def read_state_dict(directory: str | Path) -> dict[str, torch.Tensor]:
 def load_pretrained(
     source: str | Path, *, dtype: torch.dtype | None = None, device: str | None = None, n_head: int = 12
 ) -> GPT:
-    """Build a GPT from a directory (HF, gptkit or OpenAI's release) or a Hugging Face Hub name."""
-    directory = Path(source)
-    if not directory.is_dir():
-        if directory.exists():
-            raise ValueError(f"{source}: expected a model directory, found a file")
-        if not _HUB_NAME.fullmatch(str(source)):  # a path, not "name" or "organisation/name"
-            raise FileNotFoundError(f"{source}: no such directory")
-        directory = download_from_hub(str(source))
-    if (directory / OPENAI_SHAPES_NAME).exists() and not (directory / CONFIG_NAME).exists():
-        model = load_openai_release(directory, n_head=n_head)
-    else:
-        model = _load_hf_directory(directory)
+    """Build a GPT from a folder (HF, gptkit or OpenAI's release) or a Hub name (``gpt2``,
+    ``openai-community/openai-gpt``, ``org/name@revision``: see :mod:`gptkit.hub`)."""
+    with hub.reading(source) as directory:
+        if (directory / OPENAI_SHAPES_NAME).exists() and not (directory / CONFIG_NAME).exists():
+            model = load_openai_release(directory, n_head=n_head)
+        else:
+            model = _load_hf_directory(directory)
     if dtype is not None or device is not None:
         model = model.to(device=device, dtype=dtype)
     return model.eval()
@@ -315,24 +310,6 @@ def _load_hf_directory(directory: Path) -> GPT:
     model = GPT(config)
     load_hf_state_dict(model, state, str(weights_path))
     return model
-
-
-def download_from_hub(name: str) -> Path:
-    """Fetch a model repository (e.g. ``openai-community/gpt2``) from the Hugging Face Hub."""
-    try:
-        from huggingface_hub import snapshot_download
-    except ImportError as e:
-        raise FileNotFoundError(
-            f"{name!r} is not a local directory, and downloading it needs huggingface_hub "
-            "(pip install 'gptkit[hf]')"
-        ) from e
-    try:
-        path = snapshot_download(
-            name, allow_patterns=["config.json", "*.safetensors", "*.json", "*.txt", "*.bpe"]
-        )
-    except Exception as e:  # the hub raises many types; the user needs the name and the cause
-        raise FileNotFoundError(f"{name!r} is not a local directory and could not be downloaded: {e}") from e
-    return Path(path)
 
 
 # OpenAI's original GPT-1 release (openai/finetune-transformer-lm, model/) --------------------------
@@ -457,7 +434,12 @@ def load_openai_release(directory: str | Path, n_head: int = 12, context_length:
 class ConvertConfig:
     """Convert weights: a HF directory, a gptkit directory or OpenAI's GPT-1 release → a HF/gptkit directory."""
 
-    source: str = field(metadata={"help": "Directory (or hub name) to read.", "positional": True})
+    source: str = field(
+        metadata={
+            "help": "Folder or Hub name (gpt2, openai-community/openai-gpt, org/name@rev) to read.",
+            "positional": True,
+        }
+    )
     destination: str = field(
         metadata={"help": "Directory to write (config.json + model.safetensors).", "positional": True}
     )

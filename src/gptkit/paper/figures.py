@@ -17,6 +17,7 @@ from typing import Literal
 
 import torch
 
+from gptkit import hub
 from gptkit.data.metrics import seed_paired_difference
 from gptkit.evaluate.zeroshot import ZEROSHOT_DATASETS, ZEROSHOT_METRICS, run_checkpoints, zeroshot
 from gptkit.generation import load_for_generation
@@ -83,7 +84,9 @@ def _plot(
 class TransferConfig:
     """Figure 2 (left): a task's score against the number of pre-trained blocks transferred."""
 
-    init: str = field(metadata={"help": "The pre-trained model."})
+    init: str = field(
+        metadata={"help": "The pre-trained model: a folder or Hub name (gpt2, openai-gpt, org/name@rev)."}
+    )
     task: str = field(default="mnli", metadata={"help": f"A suite task: {', '.join(TASKS)}."})
     layers: list[int] | None = field(
         default=None, metadata={"help": "Block counts to transfer (default: 0 to the model's layers)."}
@@ -118,6 +121,7 @@ def transfer_curve(config: TransferConfig, train: FinetuneTrainConfig) -> dict:
     """Fine-tune with K = each of ``layers`` transferred blocks, ``seeds`` times each (in
     ``out/layers-<K>/seed-<s>``); writes layers.{json,md,png} in ``out``."""
     out = Path(config.out)
+    hub.ensure_available(config.init, config.tokenizer)  # a name that cannot be had leaves no folder
     with RunDir(out).writer_lock("figure2 layers"):  # one writer of the curve (its tasks lock their own)
         return _transfer_curve(config, train, out)
 
@@ -218,7 +222,9 @@ class ZeroshotCurveConfig:
     out: str = field(
         default="runs/figure2-zeroshot", metadata={"help": "Output directory (continued when rerun)."}
     )
-    tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer directory (default: --run)."})
+    tokenizer: str | None = field(
+        default=None, metadata={"help": "Tokenizer folder or Hub name (default: --run)."}
+    )
     limit: int | None = field(default=500, metadata={"help": "Score the first N examples of each dataset."})
     split: str = field(default="dev", metadata={"help": "Split to score."})
     seed: int = field(default=0, metadata={"help": "Seed of the untrained model scored at update 0."})

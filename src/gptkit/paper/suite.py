@@ -29,6 +29,7 @@ from typing import Literal
 
 import torch
 
+from gptkit import hub
 from gptkit.config import config_error
 from gptkit.data.metrics import seed_paired_difference
 from gptkit.data.readers import DATASETS, Example, read_dataset
@@ -76,7 +77,11 @@ def config_from(cls, source: object, **overrides):
 class SuiteConfig:
     """Fine-tune one pre-trained model on the paper's tasks; results beside the paper's."""
 
-    init: str = field(metadata={"help": "The pre-trained model (a pretrain run or a converted release)."})
+    init: str = field(
+        metadata={
+            "help": "The pre-trained model: a pretrain run, a converted release, or a Hub name (gpt2, openai-gpt, org/name@rev)."
+        }
+    )
     tasks: list[str] = field(
         default_factory=lambda: list(TASKS),
         metadata={"help": f"Tasks to run (default: all twelve: {' '.join(TASKS)})."},
@@ -334,6 +339,7 @@ def run_suite(config: SuiteConfig, train: FinetuneTrainConfig) -> dict[str, dict
         # suite; a task's own fine-tuning (gptkit finetune) is what takes torchrun.
         raise ValueError("gptkit suite runs in one process: start it without torchrun")
     out = Path(config.out)
+    hub.ensure_available(config.init, config.tokenizer)  # a name that cannot be had leaves no folder
     # One suite at a time in a directory: two would clear and rewrite each other's tasks and reports.
     # Each task's fine-tuning holds its own directory's lock too (a different file: no deadlock).
     with RunDir(out).writer_lock("suite"):

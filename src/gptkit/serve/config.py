@@ -59,15 +59,16 @@ class ServeConfig(InferenceConfig):
 
     model: list[str] = field(
         metadata={
-            "help": "Model directory (HF, gptkit, converted GPT-1 release, or one written by `gptkit "
-            "finetune`) or hub name; NAME=DIR names it in the API. Repeat to serve several models.",
+            "help": "Model folder (HF, gptkit, converted GPT-1 release, or one written by `gptkit "
+            "finetune`) or Hub name (gpt2, openai-gpt, org/name@rev); NAME=DIR names it in the API. "
+            "Repeat to serve several models.",
             "repeat": True,
             "metavar": "[NAME=]DIR",
         }
     )
     tokenizer: str | None = field(
         default=None,
-        metadata={"help": "Tokenizer directory of a single language model (default: its directory)."},
+        metadata={"help": "Tokenizer folder or Hub name of a single language model (default: the model's)."},
     )
     host: str = field(
         default="127.0.0.1",

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from gptkit import hub
 from gptkit.data.tasks import EncodedExample, TaskSpec, build_sequences, collate
 from gptkit.generation import load_for_generation
 from gptkit.hardware import resolve_device, resolve_inference_dtype
@@ -207,6 +208,8 @@ def load_model(
 def load_models(models: Mapping[str, str | Path], limits: ServeLimits, **options) -> list[ServedModel]:
     """:func:`load_model` for each name and directory, in order; LoRA adapters of one base share one
     copy of it (:func:`load_adapters`)."""
+    # Hub names (gpt2, org/name@rev) become their cached folders once, here, before anything loads.
+    models = {name: hub.resolve(source) for name, source in models.items()}
     by_base: dict[Path, dict[str, Path]] = defaultdict(dict)
     for name, directory in models.items():
         if is_adapter_dir(directory):

@@ -7,16 +7,19 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gptkit import hub
 from gptkit.io import atomic_write, read_json_object, write_json
 from gptkit.tokenizer.bpe import write_merges
 
 TOKENIZER_CONFIG = "tokenizer_config.json"
 # transformers' (and every `tokenizers` user's) file: the whole pipeline, vocabulary and merges.
 TOKENIZER_JSON = "tokenizer.json"
+# The Hub's names for a BPE's vocabulary and merges (GPT-1's and GPT-2's repositories alike).
+HUB_ENCODER, HUB_MERGES = "vocab.json", "merges.txt"
 
 
 class Tokenizer:
-    """Text to token ids and back. ``Tokenizer.from_pretrained(dir)`` returns the right kind."""
+    """Text to token ids and back. ``Tokenizer.from_pretrained(folder or name)`` returns the right kind."""
 
     style: str = ""
     special_tokens: dict[str, int]
@@ -122,33 +125,52 @@ class Tokenizer:
             _STYLES[cls.style] = cls
 
     @staticmethod
-    def from_pretrained(directory: str | Path) -> Tokenizer:
-        """Load GPT-1's vocabulary, GPT-2's, or a tokenizer saved or trained by gptkit."""
-        directory = Path(directory)
-        if not directory.is_dir():
-            raise FileNotFoundError(f"{directory}: no such tokenizer directory")
-        config_path = directory / TOKENIZER_CONFIG
-        if config_path.exists():
-            config = read_json_object(config_path)
-            style, files = config.get("style"), config.get("files", {})
-            try:
-                encoder, merges = directory / files["encoder"], directory / files["merges"]
-            except (KeyError, TypeError) as e:
-                raise ValueError(f"{config_path}: field files.encoder or files.merges is missing") from e
-            if style not in _STYLES:
-                raise ValueError(
-                    f"{config_path}: style {style!r} is not one of {', '.join(map(repr, _STYLES))}"
-                )
-            specials = config.get("special_tokens")
-            return _STYLES[style].from_files(encoder, merges, None if specials is None else list(specials))
-        # The published vocabularies, as released: GPT-1's names, then GPT-2's.
-        for style, encoder, merges in _PUBLISHED_FILES:
-            if (directory / encoder).exists() and (directory / merges).exists():
-                return _STYLES[style].from_files(directory / encoder, directory / merges)
-        raise FileNotFoundError(
-            f"{directory}: no known vocabulary (expected {TOKENIZER_CONFIG}, GPT-1's encoder_bpe_40000.json + "
-            "vocab_40000.bpe, or GPT-2's encoder.json + vocab.bpe)"
-        )
+    def from_pretrained(source: str | Path) -> Tokenizer:
+        """Load GPT-1's vocabulary, GPT-2's, or a tokenizer saved or trained by gptkit, from a folder or
+        a Hub name (``gpt2``, ``openai-community/openai-gpt``: see :mod:`gptkit.hub`).
+
+        A folder is read in this order: gptkit's ``tokenizer_config.json`` (with its ``style``); the
+        releases' own files (GPT-1's ``encoder_bpe_40000.json`` + ``vocab_40000.bpe``, GPT-2's
+        ``encoder.json`` + ``vocab.bpe``); the Hub's names for them (``vocab.json`` + ``merges.txt``),
+        GPT-1's told from GPT-2's by its merges' ``</w>`` word ends.
+        """
+        with hub.reading(source) as directory:
+            return _load_tokenizer(directory)
+
+
+def _load_tokenizer(directory: Path) -> Tokenizer:
+    config_path = directory / TOKENIZER_CONFIG
+    # transformers writes a tokenizer_config.json too; gptkit's is the one with a "style".
+    config = read_json_object(config_path) if config_path.exists() else {}
+    if "style" in config:
+        style, files = config.get("style"), config.get("files", {})
+        try:
+            encoder, merges = directory / files["encoder"], directory / files["merges"]
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{config_path}: field files.encoder or files.merges is missing") from e
+        if style not in _STYLES:
+            raise ValueError(f"{config_path}: style {style!r} is not one of {', '.join(map(repr, _STYLES))}")
+        specials = config.get("special_tokens")
+        return _STYLES[style].from_files(encoder, merges, None if specials is None else list(specials))
+    for style, encoder, merges in _PUBLISHED_FILES:
+        if (directory / encoder).exists() and (directory / merges).exists():
+            return _STYLES[style].from_files(directory / encoder, directory / merges)
+    encoder, merges = directory / HUB_ENCODER, directory / HUB_MERGES
+    if encoder.exists() and merges.exists():
+        return _STYLES[merges_style(merges)].from_files(encoder, merges)
+    raise FileNotFoundError(
+        f"{directory}: no known vocabulary (expected {TOKENIZER_CONFIG} with a style, GPT-1's "
+        "encoder_bpe_40000.json + vocab_40000.bpe, GPT-2's encoder.json + vocab.bpe, or the Hub's "
+        f"{HUB_ENCODER} + {HUB_MERGES})"
+    )
+
+
+def merges_style(merges_path: Path) -> str:
+    """Which kind of BPE a merges file belongs to: GPT-1's marks word ends with ``</w>``, GPT-2's
+    byte-level merges never do (the first thousand merges decide)."""
+    with open(merges_path, encoding="utf-8", errors="replace") as f:
+        head = [line for _, line in zip(range(1000), f)]
+    return "gpt1" if any("</w>" in line for line in head) else "bytelevel"
 
 
 # Tokenizer kinds by style name, filled as gpt1.py and bytelevel.py are imported (by this package).
@@ -163,7 +185,7 @@ _PUBLISHED_FILES = [
 class TokenizeConfig:
     """Print the token ids of a file (or stdin), or decode ids back to text."""
 
-    tokenizer: str = field(metadata={"help": "Tokenizer directory."})
+    tokenizer: str = field(metadata={"help": "Tokenizer folder or Hub name (gpt2, openai-gpt, org/name)."})
     file: str | None = field(
         default=None, metadata={"help": "Text file (default: stdin).", "positional": True}
     )

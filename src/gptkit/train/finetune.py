@@ -20,6 +20,7 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
+from gptkit import hub
 from gptkit.config import config_error
 from gptkit.data.readers import DATASETS, DataError, Example, parse_columns, read_dataset, read_table
 from gptkit.data.sampler import EpochSampler
@@ -108,7 +109,9 @@ class FinetuneConfig(ModelShape):
         },
     )
     regression: bool = field(default=False, metadata={"help": "The label is a real-valued score (MSE loss)."})
-    tokenizer: str | None = field(default=None, metadata={"help": "Tokenizer directory (default: --init)."})
+    tokenizer: str | None = field(
+        default=None, metadata={"help": "Tokenizer folder or Hub name (default: --init)."}
+    )
     out: str = field(default="runs/finetune", metadata={"help": "Run directory."})
     epochs: int = field(default=3, metadata={"help": "Passes over the training data."})
     lm_coef: float = field(
@@ -358,6 +361,7 @@ def finetune(config: FinetuneConfig, train: FinetuneTrainConfig) -> dict:
     if not tokenizer_dir:
         raise config_error(config, "tokenizer", "is required when training from scratch (no --init)")
     out_dir = Path(config.out)
+    hub.ensure_available(config.init, tokenizer_dir)  # a name that cannot be had leaves no run folder
     with hold_run_dir(out_dir, config.resume, "finetune"):
         return _finetune(config, train, metric, tokenizer_dir, out_dir)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from gptkit import hub
 from gptkit.config import config_error
 from gptkit.data.shards import TokenShard, WindowSampler, check_shard_tokenizer, eval_windows
 from gptkit.hardware import DEVICE_HELP
@@ -103,6 +104,7 @@ def pretrain(config: PretrainConfig, train: TrainConfig) -> dict[str, float]:
     ctx = init_distributed(config.device)
     try:
         out_dir = Path(config.out)
+        hub.ensure_available(config.init)  # a name that cannot be had leaves no run folder
         with hold_run_dir(out_dir, config.resume, "pretrain"):
             train_shard = TokenShard.open(config.data, "train")
             meta = train_shard.meta

@@ -31,7 +31,10 @@ class ModelShape:
 
     preset: str = field(default="gpt1", metadata={"help": "Model shape: gpt1, gpt2, ..., tiny."})
     init: str | None = field(
-        default=None, metadata={"help": "Start from these weights (a model directory) instead of random."}
+        default=None,
+        metadata={
+            "help": "Start from these weights instead of random: a model folder or Hub name (gpt2, openai-gpt, org/name@rev)."
+        },
     )
     context_length: int | None = field(
         default=None,
