@@ -349,6 +349,7 @@ def test_the_suite_holds_its_directory_while_each_task_holds_its_own(tmp_path, m
         }
 
     monkeypatch.setattr(suite_module, "run_task", run_task)
+    (tmp_path / "model").mkdir()  # the suite checks that its model is there before it starts
     run_suite(SuiteConfig(init=str(tmp_path / "model"), out=str(out), tasks=["rte", "mrpc"]), TRAIN)
     assert ran == [out / "full" / "rte" / SEED, out / "full" / "mrpc" / SEED]
     assert (out / ".lock").read_text() == ""  # released: the next suite starts without a word
