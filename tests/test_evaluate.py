@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import math
 import random
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,7 +18,10 @@ from gptkit.data.metrics import (
     paired_bootstrap,
     paired_difference,
     pearson,
+    seed_paired_difference,
+    seed_standard_error,
     spearman,
+    t_quantile,
 )
 from gptkit.evaluate import lm
 from gptkit.evaluate.tradeoff import _distinct, _unigram_f1, passages_from_text, sweep
@@ -198,6 +203,121 @@ def test_paired_bootstrap_agrees_with_the_formula_and_the_metrics():
     assert paired_bootstrap("pearson", close, close, scores) == (0.0, 0.0)
     with pytest.raises(ValueError, match="no paired bootstrap for metric 'mse'"):
         paired_bootstrap("mse", close, far, scores)
+
+
+def test_t_quantile_against_its_closed_forms_and_the_table():
+    # One and two degrees of freedom have closed forms; the rest are the printed table's.
+    p = 0.975
+    assert t_quantile(p, 1) == pytest.approx(math.tan(math.pi * (p - 0.5)), rel=1e-5)
+    assert t_quantile(p, 2) == pytest.approx((2 * p - 1) / math.sqrt(2 * p * (1 - p)), rel=1e-6)
+    table = {3: 3.182, 4: 2.776, 10: 2.228, 30: 2.042, 120: 1.980, math.inf: 1.960}
+    assert t_quantile(p, list(table)) == pytest.approx(list(table.values()), abs=5e-4)
+    assert t_quantile(0.95, 5) == pytest.approx(2.015, abs=5e-4)
+    with pytest.raises(ValueError, match="at least 1 degree of freedom"):
+        t_quantile(p, 0.5)
+
+
+def _simulated_suites(sigma_seed, sigma_example, sigma_rest, rng, seeds=3, examples=400, suites=2000):
+    """Suites whose per-example differences are x_ij = Δ + a_j + t_i + e_ij, every part known: the
+    examples (a_j) drawn once per suite and shared by its seeds, the training noise (t_i) once per
+    seed. Returns Δ, the true standard deviation of the seed-averaged difference, the estimates
+    (mean, SE, threshold) and the two one-sided errors: over examples alone and over seeds alone."""
+    true_difference = 0.03
+    x = (
+        true_difference
+        + rng.normal(0, sigma_example, (suites, 1, examples))
+        + rng.normal(0, sigma_seed, (suites, seeds, 1))
+        + rng.normal(0, sigma_rest, (suites, seeds, examples))
+    )
+    differences = x.mean(-1)
+    example_stderrs = x.std(-1, ddof=1) / math.sqrt(examples)
+    pooled = x.mean(-2).std(-1, ddof=1) / math.sqrt(examples)
+    estimates = seed_standard_error(differences, example_stderrs, pooled, examples)
+    true_sd = math.sqrt(
+        sigma_seed**2 / seeds + sigma_example**2 / examples + sigma_rest**2 / (examples * seeds)
+    )
+    seeds_only = differences.std(-1, ddof=1) / math.sqrt(seeds)
+    return true_difference, true_sd, estimates, pooled, seeds_only
+
+
+@pytest.mark.parametrize(
+    "regime, sigmas",
+    [
+        ("training noise large", (0.06, 0.3, 0.3)),
+        ("training noise alone", (0.04, 0.0, 0.4)),
+        ("example noise large", (0.005, 0.35, 0.2)),
+    ],
+)
+def test_the_seed_aware_error_measures_and_covers_the_true_difference(regime, sigmas):
+    """2,000 simulated suites of 3 seeds: the error matches the true spread of the estimate across
+    suites, and ± threshold × SE covers the true difference about 95% of the time, whichever noise
+    dominates. The example-only error (what one seed's paired error gives) undercovers when the
+    training noise is large; the spread across seeds alone undercovers when the examples' is."""
+    rng = np.random.default_rng(0)
+    truth, true_sd, (mean, stderr, threshold), example_only, seeds_only = _simulated_suites(*sigmas, rng)
+    assert mean.std() == pytest.approx(true_sd, rel=0.05)  # the simulation is what it claims
+    # SE² is unbiased: its root mean square is the true sd. SE itself is lower on average, most
+    # with 2 degrees of freedom (Jensen), which the threshold's t quantile pays for.
+    assert np.sqrt((stderr**2).mean()) == pytest.approx(true_sd, rel=0.05)
+    assert stderr.mean() == pytest.approx(true_sd, rel=0.12)
+    missed = np.abs(mean - truth)
+    coverage = (missed <= threshold * stderr).mean()
+    assert 0.92 <= coverage <= 0.98, coverage
+    if regime.startswith("training"):
+        assert (missed <= 2 * example_only).mean() < 0.85
+        assert (missed <= 2 * stderr).mean() < 0.92  # 2 alone is too few with 2 degrees of freedom
+    else:
+        assert (missed <= 2 * seeds_only).mean() < 0.6
+        # Weighted mostly to the examples' many degrees of freedom: far below 3 seeds' 4.30.
+        assert threshold.mean() < 2.5
+
+
+def test_seed_paired_difference_by_hand():
+    """One seed: the example-level paired error (formula for accuracy, bootstrap otherwise). Two
+    seeds of accuracy: the two-way random-effects ANOVA's (MS_seeds + MS_examples − MS_residual) /
+    (nN), with its mean squares summed by hand."""
+    rng = random.Random(3)
+    n = 300
+    targets = [rng.randint(0, 1) for _ in range(n)]
+    # Each system finds some examples hard whatever the seed (the examples' shared effect), and each
+    # seed gets a few others wrong of its own.
+    hard = {name: [rng.random() < p for _ in targets] for name, p in (("a", 0.25), ("b", 0.35))}
+    runs = {
+        name: [
+            [
+                1 - t if hard[name][j] != (rng.random() < 0.05 + 0.04 * seed) else t
+                for j, t in enumerate(targets)
+            ]
+            for seed in range(2)
+        ]
+        for name in ("a", "b")
+    }
+    one = seed_paired_difference("accuracy", runs["a"][:1], runs["b"][:1], targets)
+    correct = {k: [[float(p == t) for p, t in zip(run, targets)] for run in v] for k, v in runs.items()}
+    assert (one.difference, one.stderr) == pytest.approx(paired_difference(correct["a"][0], correct["b"][0]))
+    assert not one.training_noise_counted and one.threshold == 2.0
+    mcc = seed_paired_difference("mcc", runs["a"][:1], runs["b"][:1], targets)
+    assert (mcc.difference, mcc.stderr) == pytest.approx(
+        paired_bootstrap("mcc", runs["a"][0], runs["b"][0], targets)
+    )
+
+    two = seed_paired_difference("accuracy", runs["a"], runs["b"], targets)
+    x = [[ca - cb for ca, cb in zip(correct["a"][i], correct["b"][i])] for i in range(2)]
+    grand = sum(map(sum, x)) / (2 * n)
+    seed_means = [sum(row) / n for row in x]
+    example_means = [(x[0][j] + x[1][j]) / 2 for j in range(n)]
+    ms_seeds = n * sum((m - grand) ** 2 for m in seed_means) / 1
+    ms_examples = 2 * sum((m - grand) ** 2 for m in example_means) / (n - 1)
+    ms_residual = sum(
+        (x[i][j] - seed_means[i] - example_means[j] + grand) ** 2 for i in range(2) for j in range(n)
+    ) / (n - 1)
+    assert ms_examples > ms_residual  # the error's max(0, ·) is not what decides it here
+    assert two.training_noise_counted and two.per_seed == pytest.approx(seed_means)
+    assert two.difference == pytest.approx(grand)
+    assert two.stderr == pytest.approx(math.sqrt((ms_seeds + ms_examples - ms_residual) / (2 * n)))
+    assert two.claimed == (abs(two.difference) > two.threshold * two.stderr)
+    with pytest.raises(ValueError, match="one run of each system per seed: 2 against 1"):
+        seed_paired_difference("accuracy", runs["a"], runs["b"][:1], targets)
 
 
 def test_bits_per_byte_of_a_uniform_model_is_log2_vocab_per_token(data_dir, tmp_path):

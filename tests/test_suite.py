@@ -25,6 +25,7 @@ from gptkit.train.finetune import FinetuneTrainConfig
 from gptkit.train.run import ModelShape, build_model
 
 TRAIN = FinetuneTrainConfig(batch_size=8, lr=1e-3, progress=False)
+SEED = f"seed-{TRAIN.seed}"  # the directory of a suite's first (with --seeds 1, only) seed
 
 
 def test_the_papers_tables_agree_with_themselves():
@@ -81,7 +82,7 @@ def test_suite_scores_baselines_reports_and_resumes(pretrained, data_dir, tmp_pa
     rte = results["rte"]
     assert rte["status"] == "done" and rte["train_examples"] == 24
     dev = read_dataset("rte", "dev", data_dir)[:16]
-    again = evaluate_model(out / "full" / "rte", dev, device="cpu")
+    again = evaluate_model(out / "full" / "rte" / SEED, dev, device="cpu")
     (evaluation,) = rte["evaluations"]
     assert evaluation["examples"] == 16 and evaluation["paper"] == 56.0
     assert evaluation["score"] == round(100 * again["accuracy"], 1)
@@ -110,7 +111,7 @@ def test_suite_scores_baselines_reports_and_resumes(pretrained, data_dir, tmp_pa
     assert run_suite(config, TRAIN)["full"]["rte"] == rte
     monkeypatch.undo()
     # ... and one killed after its checkpoint continues from it (here: nothing left to train).
-    (out / "full" / "rte" / "result.json").unlink()
+    (out / "full" / "rte" / SEED / "result.json").unlink()
     calls = []
     real = suite_module.finetune
     monkeypatch.setattr(suite_module, "finetune", lambda c, t: calls.append(c.resume) or real(c, t))
@@ -144,13 +145,15 @@ def test_ablations_and_missing_data(pretrained, data_dir, tmp_path, monkeypatch)
     results = run_suite(config, TRAIN)
     assert results["full"]["mrpc"]["status"] == "missing data"
     assert "gptkit data fetch mrpc" in results["full"]["mrpc"]["advice"]
-    runs = {v: json.loads((out / v / "rte" / "run_config.json").read_text())["finetune"] for v in results}
+    runs = {
+        v: json.loads((out / v / "rte" / SEED / "run_config.json").read_text())["finetune"] for v in results
+    }
     assert [runs[v]["lm_coef"] for v in ("full", "no_aux_lm", "no_pretraining")] == [0.5, 0.0, 0.5]
     assert [runs[v]["random_init"] for v in ("full", "no_aux_lm", "no_pretraining")] == [False, False, True]
     assert [runs[v]["lora_rank"] for v in ("full", "no_aux_lm", "no_pretraining")] == [2, 2, None]
-    assert (out / "full" / "rte" / "adapter_model.safetensors").exists()
-    assert not (out / "full" / "rte" / "model.safetensors").exists()
-    assert (out / "no_pretraining" / "rte" / "model.safetensors").exists()
+    assert (out / "full" / "rte" / SEED / "adapter_model.safetensors").exists()
+    assert not (out / "full" / "rte" / SEED / "model.safetensors").exists()
+    assert (out / "no_pretraining" / "rte" / SEED / "model.safetensors").exists()
     report = (out / "results.md").read_text()
     assert "## Table 5: ablations" in report and "| no_pretraining |" in report
     assert "gptkit data fetch mrpc" in report
@@ -159,18 +162,79 @@ def test_ablations_and_missing_data(pretrained, data_dir, tmp_path, monkeypatch)
     # on the same dev rows through the separate evaluation path, the error by the paired formula.
     comparisons = json.loads((out / "results.json").read_text())["comparisons"]
     dev = read_dataset("rte", "dev", data_dir)[:16]
-    full = correct_per_example(out / "full" / "rte", dev, device="cpu")
+    full = correct_per_example(out / "full" / "rte" / SEED, dev, device="cpu")
     for variant in ("no_aux_lm", "no_pretraining"):
-        other = correct_per_example(out / variant / "rte", dev, device="cpu")
+        other = correct_per_example(out / variant / "rte" / SEED, dev, device="cpu")
         differences = [x - y for x, y in zip(full, other)]
         mean = sum(differences) / 16
         stderr = (sum((d - mean) ** 2 for d in differences) / 15 / 16) ** 0.5
         (row,) = comparisons[variant]["rte"]
         assert row["examples"] == 16 and row["title"] == "RTE"
         assert row["difference"] == round(100 * mean, 2) and row["stderr"] == round(100 * stderr, 2)
+        assert row["seeds"] == [TRAIN.seed] and not row["training_noise_counted"]
     assert "mrpc" not in comparisons["no_pretraining"]  # missing data: nothing to compare
-    assert "## Each ablation against `full`, example by example" in report
-    assert "| no_pretraining | RTE | accuracy | dev | 16 |" in report
+    assert "## Each ablation against `full`, seed by seed and example by example" in report
+    assert "| no_pretraining | RTE | accuracy | dev | 16 | 1 |" in report
+    assert "‡ one seed: the error counts the examples only" in report
+
+
+def test_seeds_each_run_apart_and_the_difference_counts_their_spread(
+    pretrained, data_dir, tmp_path, monkeypatch
+):
+    """--seeds 2: a second seed added to a finished one-seed suite runs alone, in its own directory,
+    with its own seed; each seed's score is read back from its own predictions, the score is their
+    mean, and the difference's error is the seed-aware formula, recomputed here from the per-seed
+    predictions."""
+    monkeypatch.setattr(suite_module, "FEW_EXAMPLES", 10)
+    out = tmp_path / "suite"
+    config = _config(pretrained, data_dir, out, tasks=["rte"], variants=["full", "no_pretraining"])
+    run_suite(config, TRAIN)
+    calls = []
+    real = suite_module.finetune
+    monkeypatch.setattr(suite_module, "finetune", lambda c, t: calls.append(t.seed) or real(c, t))
+    results = run_suite(dataclasses.replace(config, seeds=2), TRAIN)
+    seeds = [TRAIN.seed, TRAIN.seed + 1]
+    assert calls == [seeds[1], seeds[1]]  # the first seed of each variant had finished
+
+    correct, targets = {}, None
+    for variant in ("full", "no_pretraining"):
+        result = results[variant]["rte"]
+        assert result["seeds"] == seeds
+        correct[variant] = []
+        for seed in seeds:
+            directory = out / variant / "rte" / f"seed-{seed}"
+            assert json.loads((directory / "run_config.json").read_text())["train"]["seed"] == seed
+            (kept,) = json.loads((directory / "predictions.json").read_text())
+            targets = targets or kept["targets"]  # the first run's
+            assert len(kept["targets"]) == 16 and kept["targets"] == targets  # every run's examples
+            correct[variant].append([float(p == t) for p, t in zip(kept["predictions"], kept["targets"])])
+        (evaluation,) = result["evaluations"]
+        per_seed = [100 * sum(c) / 16 for c in correct[variant]]
+        assert evaluation["scores"] == [round(score, 1) for score in per_seed]
+        assert evaluation["score"] == pytest.approx(sum(per_seed) / 2, abs=0.051)
+    # The seeds are different runs: their models differ (their scores may tie on 16 examples).
+    weights = [
+        (out / "no_pretraining" / "rte" / f"seed-{seed}" / "model.safetensors").read_bytes() for seed in seeds
+    ]
+    assert weights[0] != weights[1]
+
+    # Per-example differences x_ij (seed i, example j); SE² = Var_i(d_i)/N + max(0, (N·P² −
+    # mean_i s_i²)/(N − 1)), with d_i, s_i each seed's mean and error and P the error of the
+    # seed-averaged differences.
+    x = [[a - b for a, b in zip(correct["full"][i], correct["no_pretraining"][i])] for i in range(2)]
+    d = [sum(row) / 16 for row in x]
+    s2 = [sum((v - m) ** 2 for v in row) / 15 / 16 for row, m in zip(x, d)]
+    averaged = [(x[0][j] + x[1][j]) / 2 for j in range(16)]
+    p2 = sum((v - sum(averaged) / 16) ** 2 for v in averaged) / 15 / 16
+    between = (d[0] - d[1]) ** 2 / 2 / 2  # sample variance of two values, over N = 2
+    stderr = (between + max(0.0, 2 * p2 - sum(s2) / 2)) ** 0.5
+    (row,) = json.loads((out / "results.json").read_text())["comparisons"]["no_pretraining"]["rte"]
+    assert row["seeds"] == seeds and row["training_noise_counted"]
+    assert row["per_seed"] == [round(100 * v, 2) for v in d]
+    assert row["difference"] == round(100 * sum(d) / 2, 2) and row["stderr"] == round(100 * stderr, 2)
+    assert row["claimed"] == (abs(sum(d) / 2) > row["threshold"] * stderr) and row["threshold"] >= 2
+    report = (out / "results.md").read_text()
+    assert "| no_pretraining | RTE | accuracy | dev | 16 | 2 |" in report and "‡ one seed" not in report
 
 
 def test_random_init_keeps_the_shape_not_the_weights(pretrained):
@@ -197,12 +261,23 @@ def test_figure2_transfer_layers(pretrained, data_dir, tmp_path):
     report = transfer_curve(config, TRAIN)
     assert [p["layers"] for p in report["points"]] == [0, 2] and report["n_layer"] == 2
     kept = [
-        json.loads((tmp_path / "layers" / f"layers-{k:02d}" / "run_config.json").read_text())["finetune"]
+        json.loads((tmp_path / "layers" / f"layers-{k:02d}" / SEED / "run_config.json").read_text())[
+            "finetune"
+        ]
         for k in (0, 2)
     ]
     assert [k["transfer_layers"] for k in kept] == [0, 2]
+    # One seed: each point's error is its accuracy's over examples, sd of right/wrong / √n.
+    (predictions,) = json.loads((tmp_path / "layers" / "layers-02" / SEED / "predictions.json").read_text())
+    right = [float(p == t) for p, t in zip(predictions["predictions"], predictions["targets"])]
+    accuracy = sum(right) / 16
+    (point,) = report["points"][1]["evaluations"]
+    assert point["score"] == round(100 * accuracy, 1)
+    assert point["stderr"] == round(100 * (sum((r - accuracy) ** 2 for r in right) / 15 / 16) ** 0.5, 2)
     assert (tmp_path / "layers" / "layers.png").stat().st_size > 0
-    assert "| 0 |" in (tmp_path / "layers" / "layers.md").read_text()
+    table = (tmp_path / "layers" / "layers.md").read_text()
+    assert f"| 2 | 1 | {point['score']:.1f} ± {point['stderr']:.1f} |" in table
+    assert "one seed the error counts the examples only" in table
     with pytest.raises(ValueError, match=r"layers.epochs: 1 → 2"):  # the same --out, other settings
         transfer_curve(dataclasses.replace(config, epochs=2), TRAIN)
     with pytest.raises(ValueError, match=r"outside 0..2"):
@@ -274,6 +349,7 @@ def test_the_suite_holds_its_directory_while_each_task_holds_its_own(tmp_path, m
         }
 
     monkeypatch.setattr(suite_module, "run_task", run_task)
+    (tmp_path / "model").mkdir()  # the suite checks that its model is there before it starts
     run_suite(SuiteConfig(init=str(tmp_path / "model"), out=str(out), tasks=["rte", "mrpc"]), TRAIN)
-    assert ran == [out / "full" / "rte", out / "full" / "mrpc"]
+    assert ran == [out / "full" / "rte" / SEED, out / "full" / "mrpc" / SEED]
     assert (out / ".lock").read_text() == ""  # released: the next suite starts without a word

@@ -1,7 +1,8 @@
 """Figure 2 of the GPT-1 paper, as commands that write the numbers (JSON, Markdown) and the plot.
 
 Left, ``gptkit figure2 layers``: a task's score when only the first K pre-trained blocks are
-transferred (K = 0 keeps just the embeddings), K = 0..n. Right, ``gptkit figure2 zeroshot``: the
+transferred (K = 0 keeps just the embeddings), K = 0..n; with ``--seeds N`` each K's mean over N
+fine-tunings and its standard error, training noise and examples both counted. Right, ``gptkit figure2 zeroshot``: the
 zero-shot heuristics of §5 scored at every checkpoint of a pre-training run (and at its random
 initialisation, update 0), to see the language model learn the tasks it was never trained on.
 Both continue where they stopped when run again with the same ``--out``.
@@ -17,6 +18,7 @@ from typing import Literal
 import torch
 
 from gptkit import hub
+from gptkit.data.metrics import seed_paired_difference
 from gptkit.evaluate.zeroshot import ZEROSHOT_DATASETS, ZEROSHOT_METRICS, run_checkpoints, zeroshot
 from gptkit.generation import load_for_generation
 from gptkit.hardware import DEVICE_HELP
@@ -24,11 +26,13 @@ from gptkit.io import read_json, write_json
 from gptkit.model import GPT
 from gptkit.paper.scores import TASKS
 from gptkit.paper.suite import (
+    PREDICTIONS_NAME,
     SuiteConfig,
     check_settings,
     config_from,
     finetune_field,
-    run_task,
+    run_seeds,
+    seed_dir,
     settings_of,
     train_settings,
 )
@@ -38,8 +42,17 @@ from gptkit.train.rundir import RunDir
 Heuristic = Literal["sentiment", "multiple_choice", "acceptability", "question_answering"]
 
 
-def _plot(path: Path, title: str, xlabel: str, ylabel: str, lines: dict, chance: dict | None = None) -> bool:
-    """One line per series ({name: (xs, ys)}), dashed chance levels; False when matplotlib is missing."""
+def _plot(
+    path: Path,
+    title: str,
+    xlabel: str,
+    ylabel: str,
+    lines: dict,
+    chance: dict | None = None,
+    errors: dict | None = None,
+) -> bool:
+    """One line per series ({name: (xs, ys)}), dashed chance levels, error bars where ``errors``
+    ({name: one per point}) gives them; False when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -51,7 +64,8 @@ def _plot(path: Path, title: str, xlabel: str, ylabel: str, lines: dict, chance:
     fig, ax = plt.subplots(figsize=(6, 4))
     for index, (name, (xs, ys)) in enumerate(lines.items()):
         color = f"C{index}"
-        ax.plot(xs, ys, marker="o", label=name, color=color)
+        yerr = (errors or {}).get(name)
+        ax.errorbar(xs, ys, yerr=yerr, marker="o", label=name, color=color, capsize=3 if yerr else 0)
         if chance and name in chance:
             ax.axhline(chance[name], linestyle="--", linewidth=0.8, color=color)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
@@ -86,8 +100,17 @@ class TransferConfig:
     max_eval_examples: int | None = finetune_field("max_eval_examples", "Score the first N examples.")
     epochs: int = finetune_field("epochs")
     device: str = finetune_field("device")
+    seeds: int = field(
+        default=1,
+        metadata={
+            "help": "Fine-tunings per block count (--seed, --seed + 1, ...): each point is their mean "
+            "± its standard error (training noise counted from 2 seeds on)."
+        },
+    )
 
     def __post_init__(self) -> None:
+        if self.seeds <= 0:
+            raise ValueError(f"TransferConfig.seeds (--seeds): must be positive, got {self.seeds}")
         if self.task not in TASKS:
             raise ValueError(
                 f"TransferConfig.task (--task): unknown {self.task!r}; known: {', '.join(TASKS)}"
@@ -95,7 +118,8 @@ class TransferConfig:
 
 
 def transfer_curve(config: TransferConfig, train: FinetuneTrainConfig) -> dict:
-    """Fine-tune with K = each of ``layers`` transferred blocks; writes layers.{json,md,png} in ``out``."""
+    """Fine-tune with K = each of ``layers`` transferred blocks, ``seeds`` times each (in
+    ``out/layers-<K>/seed-<s>``); writes layers.{json,md,png} in ``out``."""
     out = Path(config.out)
     hub.ensure_available(config.init, config.tokenizer)  # a name that cannot be had leaves no folder
     with RunDir(out).writer_lock("figure2 layers"):  # one writer of the curve (its tasks lock their own)
@@ -109,41 +133,67 @@ def _transfer_curve(config: TransferConfig, train: FinetuneTrainConfig, out: Pat
     bad = [k for k in layers if not 0 <= k <= n_layer]
     if bad:
         raise ValueError(f"--layers: {bad} outside 0..{n_layer} (the model has {n_layer} blocks)")
-    # Which points and where they run are not settings: more block counts may be added to a curve.
+    # Which points, how many seeds and where they run are not settings: more block counts and seeds
+    # may be added to a curve.
     check_settings(
-        out, {"layers": settings_of(config, "layers", "out", "device"), "train": train_settings(train)}
+        out,
+        {
+            "layers": settings_of(config, "layers", "out", "device", "seeds"),
+            "train": train_settings(train),
+            "layout": {"runs": "layers-<k>/seed-<seed>"},
+        },
     )
     task = TASKS[config.task]
     points = []
     for k in layers:
         print(f"\n=== {task.name}: transferring {k} of {n_layer} blocks", flush=True)
         suite = config_from(SuiteConfig, config, tasks=[task.name], out=str(out), transfer_layers=k)
-        result = run_task(task, "full", suite, train, out / f"layers-{k:02d}")
+        directory = out / f"layers-{k:02d}"
+        result = run_seeds(task, "full", suite, train, directory, config.seeds)
         if result["status"] != "done":
             raise FileNotFoundError(
                 f"{task.name}: missing {', '.join(result['missing'])}; {result['advice']}"
             )
-        points.append({"layers": k, "evaluations": result["evaluations"], "best_dev": result["best_dev"]})
+        kept = [read_json(seed_dir(directory, seed) / PREDICTIONS_NAME) for seed in result["seeds"]]
+        for i, evaluation in enumerate(result["evaluations"]):
+            # The score's own error, as a difference against nothing: over seeds and examples.
+            score = seed_paired_difference(
+                task.metric, [run[i]["predictions"] for run in kept], None, kept[0][i]["targets"]
+            )
+            evaluation["stderr"] = round(100 * score.stderr, 2)
+        points.append(
+            {
+                "layers": k,
+                "seeds": result["seeds"],
+                "evaluations": result["evaluations"],
+                "best_dev": [run["best_dev"] for run in result["runs"]],
+            }
+        )
     report = {"task": task.name, "metric": task.metric, "n_layer": n_layer, "points": points}
     write_json(out / "layers.json", report)
     titles = [e["title"] for e in points[0]["evaluations"]]
     rows = [
-        f"| {p['layers']} | " + " | ".join(f"{e['score']:.1f}" for e in p["evaluations"]) + " |"
+        f"| {p['layers']} | {len(p['seeds'])} | "
+        + " | ".join(f"{e['score']:.1f} ± {e['stderr']:.1f}" for e in p["evaluations"])
+        + " |"
         for p in points
     ]
     baseline = " | ".join(f"{e['baseline']:.1f}" for e in points[0]["evaluations"])
     table = [
-        f"| blocks transferred | {' | '.join(titles)} ({task.metric}) |",
-        "|---:|" + "---:|" * len(titles),
+        f"| blocks transferred | seeds | {' | '.join(titles)} ({task.metric}, mean ± s.e.) |",
+        "|---:|---:|" + "---:|" * len(titles),
         *rows,
-        f"| baseline | {baseline} |",
+        f"| baseline | | {baseline} |",
     ]
+    if any(len(p["seeds"]) == 1 for p in points):
+        table.append("\nWith one seed the error counts the examples only, not the training noise.")
     (out / "layers.md").write_text("\n".join(table) + "\n", encoding="utf-8")
     lines = {
         title: ([p["layers"] for p in points], [p["evaluations"][i]["score"] for p in points])
         for i, title in enumerate(titles)
     }
     chance = {title: points[0]["evaluations"][i]["baseline"] for i, title in enumerate(titles)}
+    errors = {title: [p["evaluations"][i]["stderr"] for p in points] for i, title in enumerate(titles)}
     _plot(
         out / "layers.png",
         f"Transferring pre-trained blocks: {task.name}",
@@ -151,6 +201,7 @@ def _transfer_curve(config: TransferConfig, train: FinetuneTrainConfig, out: Pat
         f"{task.metric} (%)",
         lines,
         chance,
+        errors,
     )
     print("\n".join(table))
     return report

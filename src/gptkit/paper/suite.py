@@ -1,14 +1,18 @@
 """`gptkit suite`: fine-tune one pre-trained model on the paper's tasks and tabulate the results
 beside the paper's (Tables 2–4), and its ablations beside Table 5.
 
-Every task of every variant runs in its own directory, ``OUT/<variant>/<task>``, through
-:func:`gptkit.train.finetune.finetune` with the paper's settings (λ = 0.5, lr 6.25e-5, batch 32,
-3 epochs, warm-up 0.2%, linear decay). The epoch with the best dev score is kept; it is then scored
-on the task's reported sets (test where the labels are public, else dev) next to a majority-class
-baseline on the same examples. A finished task leaves ``result.json`` and is never run again; a
-killed one continues from its latest checkpoint. ``results.json`` and ``results.md`` are rewritten
-after every task, so they are current whenever the suite stops; with ablations they end with each
-one against ``full``, paired example by example over the predictions every task keeps.
+Every task of every variant runs with ``--seeds`` seeds (the training config's seed s, then s + 1,
+...: each its own data order, dropout and head initialisation), each in its own directory,
+``OUT/<variant>/<task>/seed-<s>``, through :func:`gptkit.train.finetune.finetune` with the paper's
+settings (λ = 0.5, lr 6.25e-5, batch 32, 3 epochs, warm-up 0.2%, linear decay). The epoch with the
+best dev score is kept; it is then scored on the task's reported sets (test where the labels are
+public, else dev) next to a majority-class baseline on the same examples. A finished run leaves
+``result.json`` and is never run again; a killed one continues from its latest checkpoint.
+``results.json`` and ``results.md`` are rewritten after every run, so they are current whenever the
+suite stops: each task's score per seed and their mean; with ablations they end with each one
+against ``full``, seed s paired with seed s and example by example over the predictions every run
+keeps, with an error that counts the training noise once there are two seeds or more
+(:func:`gptkit.data.metrics.seed_standard_error`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import os
 import shutil
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -26,7 +31,7 @@ import torch
 
 from gptkit import hub
 from gptkit.config import config_error
-from gptkit.data.metrics import paired_bootstrap, paired_difference
+from gptkit.data.metrics import seed_paired_difference
 from gptkit.data.readers import DATASETS, Example, read_dataset
 from gptkit.data.tasks import task_metrics
 from gptkit.io import atomic_write, read_json, write_json
@@ -45,6 +50,9 @@ RESULT_NAME = "result.json"  # a finished task
 # Each reported example's prediction, beside result.json: what pairs two variants example by example.
 PREDICTIONS_NAME = "predictions.json"
 SETTINGS_NAME = "suite.json"  # what the suite in a directory was asked to do
+# Where each fine-tuning runs, under --out; recorded with the settings, so that a directory written
+# with another layout is refused rather than silently run again beside its old runs.
+RUN_LAYOUT = "<variant>/<task>/seed-<seed>"
 # Fewer training examples than this and a score says only that the pipeline runs (the sample files
 # of some datasets beside the project hold a handful of rows).
 FEW_EXAMPLES = 100
@@ -102,6 +110,14 @@ class SuiteConfig:
     lora_alpha: float | None = lora_field("alpha")
     lora_targets: list[str] = lora_field("targets")
     device: str = finetune_field("device")
+    seeds: int = field(
+        default=1,
+        metadata={
+            "help": "Fine-tune every task of every variant with this many seeds: --seed, --seed + 1, "
+            "... (each its own data order, dropout and head initialisation). With 2 or more the "
+            "comparisons count the training noise; a rerun with more seeds adds the new ones."
+        },
+    )
 
     def __post_init__(self) -> None:
         unknown = [t for t in self.tasks if t not in TASKS]
@@ -110,7 +126,7 @@ class SuiteConfig:
         bad = [v for v in self.variants if v not in VARIANTS]
         if bad:
             raise config_error(self, "variants", f"unknown {', '.join(bad)}; known: {', '.join(VARIANTS)}")
-        for name in ("max_train_examples", "max_eval_examples", "epochs"):
+        for name in ("max_train_examples", "max_eval_examples", "epochs", "seeds"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise config_error(self, name, f"must be positive, got {value}")
@@ -148,10 +164,59 @@ def _percent(value: float) -> float:
     return round(100.0 * value, 1)
 
 
+def seed_dir(out: Path, seed: int) -> Path:
+    """Where the fine-tuning of seed ``seed`` runs, under the directory of its task (and variant)."""
+    return out / f"seed-{seed}"
+
+
+def run_seeds(
+    task: PaperTask,
+    variant: str,
+    config: SuiteConfig,
+    train: FinetuneTrainConfig,
+    out_dir: Path,
+    seeds: int,
+    after_each: Callable[[dict], None] = lambda summary: None,
+) -> dict:
+    """Fine-tune and score one task with ``seeds`` seeds from ``train.seed`` on, each in
+    ``out_dir/seed-<s>``; returns :func:`summarise`'s result, and gives it to ``after_each`` after
+    every seed (to keep the reports current)."""
+    runs: list[dict] = []
+    for seed in range(train.seed, train.seed + seeds):
+        print(f"\n=== {variant}: {task.name}, seed {seed}", flush=True)
+        runs.append(
+            run_task(task, variant, config, dataclasses.replace(train, seed=seed), seed_dir(out_dir, seed))
+        )
+        after_each(summarise(runs))
+        if runs[-1]["status"] != "done":  # missing data: no seed can run
+            break
+    return summarise(runs)
+
+
+def summarise(runs: list[dict]) -> dict:
+    """One task's seeds as a single result: the first run's fields, each evaluation's ``score`` the
+    mean over the seeds and ``scores`` each seed's; ``runs`` keeps every seed's result whole."""
+    first = runs[0]
+    if first["status"] != "done":
+        return first
+    evaluations = []
+    for i, evaluation in enumerate(first["evaluations"]):
+        scores = [run["evaluations"][i]["score"] for run in runs]
+        evaluations.append({**evaluation, "score": round(sum(scores) / len(scores), 2), "scores": scores})
+    return {
+        **{k: v for k, v in first.items() if k not in ("best_dev", "steps", "seed", "seconds")},
+        "evaluations": evaluations,
+        "seeds": [run["seed"] for run in runs],
+        "seconds": round(sum(run["seconds"] for run in runs), 1),
+        "runs": runs,
+    }
+
+
 def run_task(
     task: PaperTask, variant: str, config: SuiteConfig, train: FinetuneTrainConfig, out_dir: Path
 ) -> dict:
-    """Fine-tune and score one task (or read its result if it finished before)."""
+    """Fine-tune and score one task with ``train.seed`` in ``out_dir`` (or read its result if it
+    finished before)."""
     if (out_dir / RESULT_NAME).exists():
         return read_json(out_dir / RESULT_NAME)
     missing = missing_files(task, config.data_dir)
@@ -211,6 +276,7 @@ def run_task(
         "task": task.name,
         "variant": variant,
         "status": "done",
+        "seed": train.seed,
         "table": task.table,
         "metric": task.metric,
         "train_examples": finetuned["examples"]["train"],
@@ -237,10 +303,12 @@ def train_settings(train: FinetuneTrainConfig) -> dict:
 
 
 def _settings(config: SuiteConfig, train: FinetuneTrainConfig) -> dict:
-    """What makes two runs of the suite comparable (not which tasks or variants are asked for)."""
+    """What makes two runs of the suite comparable (not which tasks, variants or how many seeds are
+    asked for: each seed has its own directory, so a rerun with more adds them)."""
     return {
-        "suite": settings_of(config, "tasks", "variants", "out", "device"),
+        "suite": settings_of(config, "tasks", "variants", "out", "device", "seeds"),
         "train": train_settings(train),
+        "layout": {"runs": RUN_LAYOUT},
     }
 
 
@@ -282,14 +350,18 @@ def run_suite(config: SuiteConfig, train: FinetuneTrainConfig) -> dict[str, dict
             results = read_json(previous).get("results", {})
         for variant in config.variants:
             for name in config.tasks:
-                print(f"\n=== {variant}: {name}", flush=True)
-                result = run_task(TASKS[name], variant, config, train, out / variant / name)
-                results.setdefault(variant, {})[name] = result
+
+                def report(summary: dict, variant: str = variant, name: str = name) -> None:
+                    results.setdefault(variant, {})[name] = summary
+                    write_reports(out, results, config)
+
+                result = run_seeds(
+                    TASKS[name], variant, config, train, out / variant / name, config.seeds, report
+                )
                 if result["status"] != "done":
                     print(
                         f"    skipped: {result['status']} ({', '.join(result['missing'])}); {result['advice']}"
                     )
-                write_reports(out, results, config)
     return results
 
 
@@ -312,7 +384,8 @@ def format_markdown(results: dict[str, dict[str, dict]], config: SuiteConfig | N
     lines += [
         "Scores in percent (Matthews and Pearson correlations × 100). The paper's are its test-set "
         "figures (Tables 2–4); ours are on the split named, test where its labels are public, else "
-        "dev. The baseline always predicts the training data's most frequent answer.",
+        "dev. The baseline always predicts the training data's most frequent answer. With several "
+        "seeds, gptkit's score is their mean, each seed's in brackets.",
         "",
     ]
     for variant, by_task in results.items():
@@ -340,7 +413,7 @@ def format_markdown(results: dict[str, dict[str, dict]], config: SuiteConfig | N
             for e in result["evaluations"]:
                 lines.append(
                     f"| {task.table} | {e['title']} | {task.metric} | {e['split']} | {e['examples']} | "
-                    f"{e['score']:.1f}{' †' if few else ''} | {e['paper']:.1f} | {e['baseline']:.1f} | "
+                    f"{_seed_scores(e)}{' †' if few else ''} | {e['paper']:.1f} | {e['baseline']:.1f} | "
                     f"{result['train_examples']} |"
                 )
         lines += ["", *(f"- {note}" for note in sorted(notes)), ""]
@@ -348,6 +421,13 @@ def format_markdown(results: dict[str, dict[str, dict]], config: SuiteConfig | N
     if len(table5) > 1:
         lines += [format_table5(results, table5), ""]
     return "\n".join(lines)
+
+
+def _seed_scores(evaluation: dict) -> str:
+    """The mean score, and each seed's in brackets when there are several."""
+    scores = evaluation.get("scores", [])
+    each = f" ({', '.join(f'{s:.1f}' for s in scores)})" if len(scores) > 1 else ""
+    return f"{evaluation['score']:.1f}{each}"
 
 
 def _trained_on_few(result: dict | None) -> bool:
@@ -390,46 +470,56 @@ def format_table5(results: dict[str, dict[str, dict]], variants: list[str]) -> s
     return "\n".join(lines)
 
 
+def _predictions(out: Path, variant: str, task: str, seed: int) -> Path:
+    return seed_dir(out / variant / task, seed) / PREDICTIONS_NAME
+
+
 def paired_comparisons(out: Path, results: dict[str, dict[str, dict]]) -> dict[str, dict[str, list[dict]]]:
     """Every ablation against ``full`` on the same examples, {variant: {task: [one per evaluation]}}:
-    the difference of the task's metric (full − ablation, in points) and its standard error, paired
-    example by example (accuracy: sd of the per-example differences / √n; F1, Matthews and Pearson:
-    a paired bootstrap). Tasks trained on a sample file's few rows measure nothing and are left out."""
+    the difference of the task's metric (full − ablation, in points), seed s of ``full`` paired with
+    seed s of the ablation over the seeds both ran, its mean over those seeds, and its standard error
+    and claim threshold (:func:`gptkit.data.metrics.seed_standard_error`): the spread of the per-seed
+    differences with the example-level error, which is paired example by example (accuracy: sd of the
+    per-example differences / √n; F1, Matthews and Pearson: a paired bootstrap). With one seed the
+    error counts the examples only. Tasks trained on a sample file's few rows measure nothing and
+    are left out."""
     comparisons: dict[str, dict[str, list[dict]]] = {}
     for variant, by_task in results.items():
         if variant == "full":
             continue
         for name, result in by_task.items():
             full = results.get("full", {}).get(name)
-            paths = [out / v / name / PREDICTIONS_NAME for v in ("full", variant)]
-            if (
-                not full
-                or {full["status"], result["status"]} != {"done"}
-                or _trained_on_few(full)
-                or not all(p.exists() for p in paths)  # finished before predictions were kept
-            ):
+            if not full or {full["status"], result["status"]} != {"done"} or _trained_on_few(full):
                 continue
-            metric = TASKS[name].metric
+            seeds = sorted(set(full["seeds"]) & set(result["seeds"]))
+            paths = [_predictions(out, v, name, s) for s in seeds for v in ("full", variant)]
+            if not seeds or not all(p.exists() for p in paths):
+                continue
+            # {variant: one list of evaluations per seed}
+            kept = {v: [read_json(_predictions(out, v, name, s)) for s in seeds] for v in ("full", variant)}
             rows = []
-            for ours, theirs in zip(read_json(paths[0]), read_json(paths[1])):
-                targets = ours["targets"]
-                if theirs["targets"] != targets:  # other examples (another --max-eval-examples)
-                    continue
-                if metric == "accuracy":
-                    difference, stderr = paired_difference(
-                        [float(p == t) for p, t in zip(ours["predictions"], targets)],
-                        [float(p == t) for p, t in zip(theirs["predictions"], targets)],
-                    )
-                else:
-                    difference, stderr = paired_bootstrap(
-                        metric, ours["predictions"], theirs["predictions"], targets
-                    )
+            for i, evaluation in enumerate(kept["full"][0]):
+                targets = evaluation["targets"]
+                if any(run[i]["targets"] != targets for runs in kept.values() for run in runs):
+                    continue  # other examples (another --max-eval-examples)
+                compared = seed_paired_difference(
+                    TASKS[name].metric,
+                    [run[i]["predictions"] for run in kept["full"]],
+                    [run[i]["predictions"] for run in kept[variant]],
+                    targets,
+                )
                 rows.append(
                     {
-                        "title": ours["title"],
+                        "title": evaluation["title"],
                         "examples": len(targets),
-                        "difference": round(100 * difference, 2),
-                        "stderr": round(100 * stderr, 2),
+                        "seeds": seeds,
+                        "difference": round(100 * compared.difference, 2),
+                        "stderr": round(100 * compared.stderr, 2),
+                        "threshold": round(compared.threshold, 2),
+                        "claimed": compared.claimed,
+                        "training_noise_counted": compared.training_noise_counted,
+                        "per_seed": [round(100 * d, 2) for d in compared.per_seed],
+                        "per_seed_stderr": [round(100 * s, 2) for s in compared.per_seed_stderr],
                     }
                 )
             if rows:
@@ -441,26 +531,43 @@ def format_comparisons(
     results: dict[str, dict[str, dict]], comparisons: dict[str, dict[str, list[dict]]]
 ) -> str:
     lines = [
-        "## Each ablation against `full`, example by example",
+        "## Each ablation against `full`, seed by seed and example by example",
         "",
-        "full − ablation in points of the task's metric, ± the standard error of the *paired* "
-        "difference on the same examples (accuracy: sd of the per-example differences / √n; F1, "
-        "Matthews and Pearson: a paired bootstrap, 1,000 resamples). Positive: `full` is better.",
+        "full − ablation in points of the task's metric, seed s of each paired with seed s, on the "
+        "same examples: the mean over the seeds both ran, ± a standard error that counts the spread "
+        "of the per-seed differences (training noise) and the error over examples shared by every "
+        "seed (SE² = Var(d_i)/N + max(0, (N·P² − mean s_i²)/(N − 1)), docs/paper.md; the examples' "
+        "part is paired: accuracy, sd of the per-example differences / √n; F1, Matthews and "
+        "Pearson, a paired bootstrap, 1,000 resamples). Positive: `full` is better. A claim (✓) is a "
+        "difference past its threshold in standard errors: 2, or more where the error rests on few "
+        "seeds (a t quantile, so that ± threshold × s.e. covers the true difference 95% of the time).",
         "",
-        "| ablation | task | metric | split | examples | full | ablation | difference ± s.e. | in s.e. |",
-        "|---|---|---|---|---:|---:|---:|---:|---:|",
+        "| ablation | task | metric | split | examples | seeds | full | ablation | per seed | "
+        "difference ± s.e. | in s.e. | threshold | claim |",
+        "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
+    one_seed = False
     for variant, by_task in comparisons.items():
         for name, rows in by_task.items():
             scores = {v: {e["title"]: e for e in results[v][name]["evaluations"]} for v in ("full", variant)}
             for row in rows:
                 full, other = scores["full"][row["title"]], scores[variant][row["title"]]
                 ratio = f"{row['difference'] / row['stderr']:+.1f}" if row["stderr"] else "—"
+                mark = "" if row["training_noise_counted"] else " ‡"
+                one_seed |= not row["training_noise_counted"]
                 lines.append(
                     f"| {variant} | {row['title']} | {TASKS[name].metric} | {full['split']} | "
-                    f"{row['examples']} | {full['score']:.1f} | {other['score']:.1f} | "
-                    f"{row['difference']:+.1f} ± {row['stderr']:.1f} | {ratio} |"
+                    f"{row['examples']} | {len(row['seeds'])} | {full['score']:.1f} | {other['score']:.1f} | "
+                    f"{', '.join(f'{d:+.1f}' for d in row['per_seed'])} | "
+                    f"{row['difference']:+.1f} ± {row['stderr']:.1f}{mark} | {ratio} | "
+                    f"{row['threshold']:.1f} | {'✓' if row['claimed'] else ''} |"
                 )
+    if one_seed:
+        lines += [
+            "",
+            "‡ one seed: the error counts the examples only, not the training noise (another seed "
+            "of each can move the difference by more); run the suite with `--seeds 3` or more.",
+        ]
     return "\n".join(lines)
 
 
