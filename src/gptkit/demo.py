@@ -176,6 +176,8 @@ DEMO_TASKS = {
         "story_cloze", report_split="test", epochs=2, lr=1e-3, pretrain_text=("context",)
     ),
 }
+# The demo fine-tunes each side once: seeds (``gptkit suite --seeds``) do not fit its time.
+STDERR_COUNTS = "examples only: one fine-tuning a side, so training noise is not counted"
 QUICK_TASK_EXAMPLES = {"train": 64, "dev": 64}  # --quick: a few updates, the report split in full
 QUICK_BOOK_CHARS = 100_000  # --quick: the vocabulary and the shards from each book's first pages
 
@@ -278,11 +280,14 @@ def _comparison(task: DemoTask, report: list, correct: dict[str, list[int]]) -> 
         "majority_class": majority_share(report),
         "difference": difference,
         "stderr": stderr,
+        # One fine-tuning a side: the error counts which examples were scored, not which run was drawn.
+        "stderr_counts": STDERR_COUNTS,
     }
     print(
         f"    {'majority':>12}: {result['majority_class']:.3f}\n"
         f"    pre-trained − from scratch: {difference:+.3f} ± {stderr:.3f} "
-        f"({difference / stderr if stderr else float('inf'):.1f} standard errors, paired)",
+        f"({difference / stderr if stderr else float('inf'):.1f} standard errors, paired over "
+        f"{len(report)} examples; {STDERR_COUNTS})",
         flush=True,
     )
     return result
@@ -367,7 +372,11 @@ def compare_published(
         else:
             correct[side] = score_examples(run, report, device, limit=len(correct["pretrained"]))
         write_json(run / "report_correct.json", {"split": task.report_split, "correct": correct[side]})
-        print(f"    {side:>12}: {task.report_split} accuracy {np.mean(correct[side]):.3f}", flush=True)
+        print(
+            f"    {side:>12}: {task.report_split} accuracy {np.mean(correct[side]):.3f} on "
+            f"{len(correct[side])} examples, after {updates} updates of {PUBLISHED_BATCH_SIZE}",
+            flush=True,
+        )
     return _comparison(task, report[: len(correct["pretrained"])], correct) | {
         "updates": updates,
         "batch_size": PUBLISHED_BATCH_SIZE,
