@@ -252,6 +252,29 @@ def test_muon_matches_torchs_muon_and_orthogonalizes():
         Muon([torch.nn.Parameter(torch.zeros(3))], lr=0.1)
 
 
+def test_fp32_training_orthogonalises_in_fp32_even_on_bf16_hardware(shards, tmp_path, monkeypatch):
+    """Muon's Newton-Schulz iteration follows the training precision, not what the hardware offers:
+    --precision fp32 on a CPU that claims native bf16 still iterates in fp32."""
+    import gptkit.train.optim as optim
+    from gptkit.hardware import bf16_native
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    assert bf16_native(torch.device("cpu")).native  # the premise: this CPU now looks bf16-native
+    ran_in = []
+
+    def recording(matrix, steps=5, dtype=torch.float32):
+        result = orthogonalize(matrix, steps, dtype)
+        ran_in.append(result.dtype)  # the dtype the iteration's own tensors had
+        return result
+
+    monkeypatch.setattr(optim, "orthogonalize", recording)
+    trainer, _ = make_trainer(shards, tmp_path, loop_config(max_steps=2, optimizer="muon", eval_every=0))
+    trainer.fit()
+    assert len(ran_in) == 2 * 8  # two updates of the blocks' eight matrices
+    assert set(ran_in) == {torch.float32}
+
+
 # The loop ---------------------------------------------------------------------------------------
 
 

@@ -27,7 +27,7 @@ import torch
 from gptkit import hub
 from gptkit.data.tasks import EncodedExample, TaskSpec, build_sequences, collate
 from gptkit.generation import load_for_generation
-from gptkit.hardware import resolve_device, resolve_inference_dtype
+from gptkit.hardware import Precision, resolve_device, resolve_precision
 from gptkit.io import read_safetensors
 from gptkit.model import GPT
 from gptkit.model.lora import AdapterSet, is_adapter_dir, read_adapter
@@ -183,7 +183,7 @@ def load_model(
     limits: ServeLimits,
     *,
     tokenizer_dir: str | Path | None = None,
-    dtype: str = "auto",
+    dtype: Precision = "auto",
     device: str = "auto",
     quantize: str = "none",
 ) -> ServedModel:
@@ -199,8 +199,8 @@ def load_model(
             f"{directory} is a fine-tuned model: it is served with its own tokenizer (no --tokenizer)"
         )
     task = TaskModel.from_pretrained(directory, device=device)
-    choice = resolve_inference_dtype(dtype, task.device, decoding=False)
-    task = task.to(getattr(torch, choice.value))
+    choice = resolve_precision(dtype, task.device, "scoring")
+    task = task.to(choice.dtype)
     print(f"{name}: device: {task.device}; dtype: {choice.reason}", file=sys.stderr, flush=True)
     return ServedModel.create(name, task.gpt, task.tokenizer, limits, task=task)
 
@@ -235,7 +235,7 @@ def load_adapters(
     adapters: Mapping[str, Path],
     limits: ServeLimits,
     *,
-    dtype: str = "auto",
+    dtype: Precision = "auto",
     device: str = "auto",
 ) -> list[ServedModel]:
     """LoRA adapters of ``base`` served over one copy of its weights. Their classify requests share
@@ -244,8 +244,8 @@ def load_adapters(
     first, first_info = next(iter(adapters.values())), next(iter(infos.values()))
     gpt, _ = with_special_rows(GPT.from_pretrained(base), first, first_info)
     resolved = resolve_device(device)
-    choice = resolve_inference_dtype(dtype, resolved, decoding=False)
-    gpt = gpt.to(device=resolved, dtype=getattr(torch, choice.value)).eval()
+    choice = resolve_precision(dtype, resolved, "scoring")
+    gpt = gpt.to(device=resolved, dtype=choice.dtype).eval()
     adapter_set = AdapterSet(gpt, int(first_info["lora"]["first_trainable_row"]))
     tasks, tokenizers = {}, {}
     for name, directory in adapters.items():
