@@ -14,7 +14,6 @@ its head W_y reads (GPT-1 §3.2): ``softmax(embedding · W_y)`` is a classificat
 from __future__ import annotations
 
 import functools
-import hashlib
 import re
 import sys
 from collections import defaultdict
@@ -46,7 +45,7 @@ from gptkit.model.task import (
 from gptkit.serve.batcher import Batcher
 from gptkit.serve.config import ServeLimits
 from gptkit.serve.engine import Engine
-from gptkit.tokenizer import Tokenizer
+from gptkit.tokenizer import Tokenizer, tokenizer_digest
 
 COMPLETIONS, CLASSIFY, EMBEDDINGS = "/v1/completions", "/v1/classify", "/v1/embeddings"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
@@ -284,25 +283,10 @@ def load_adapters(
     return served
 
 
-# A tokenizer's files, under any of the names Tokenizer.from_pretrained reads.
-_TOKENIZER_FILES = (
-    "tokenizer_config.json",
-    "tokenizer.json",
-    "encoder.json",
-    "vocab.bpe",
-    "encoder_bpe_40000.json",
-    "vocab_40000.bpe",
-)
-
-
 def shared_tokenizer(directory: Path, loaded: dict[str, Tokenizer]) -> Tokenizer:
     """The tokenizer of ``directory``, loaded once for every directory with the same files (adapters
     of one base carry copies of its tokenizer: each a few tens of MB in memory once loaded)."""
-    digest = hashlib.sha256()
-    for name in _TOKENIZER_FILES:
-        if (directory / name).is_file():
-            digest.update(name.encode() + b"\0" + (directory / name).read_bytes())
-    key = digest.hexdigest()
+    key = tokenizer_digest(directory)
     if key not in loaded:
         loaded[key] = Tokenizer.from_pretrained(directory)
     return loaded[key]
