@@ -175,18 +175,17 @@ def merges_style(merges_path: Path) -> str:
 
 
 def tokenizer_files(directory: str | Path) -> list[Path]:
-    """The files that define the tokenizer in ``directory``, as :meth:`Tokenizer.from_pretrained`
-    reads them: ``tokenizer_config.json`` and the files it names, or a published vocabulary's pair;
-    and ``tokenizer.json`` where there is one (what transformers reads). Other files (a model's
-    weights beside it, say) are not the tokenizer's."""
+    """The files in ``directory`` that :meth:`Tokenizer.from_pretrained` may read, and
+    ``tokenizer.json`` (what transformers reads): ``tokenizer_config.json`` and the files it names,
+    the releases' vocabulary and merges, and the Hub's names for them. Other files (a model's
+    weights beside the tokenizer, say) are not the tokenizer's."""
     directory = Path(directory)
-    names = {TOKENIZER_CONFIG, TOKENIZER_JSON}
+    names = {TOKENIZER_CONFIG, TOKENIZER_JSON, HUB_ENCODER, HUB_MERGES}
+    names.update(name for _, encoder, merges in _PUBLISHED_FILES for name in (encoder, merges))
     config_path = directory / TOKENIZER_CONFIG
     if config_path.is_file():
         files = read_json_object(config_path).get("files")
         names.update(str(name) for name in (files.values() if isinstance(files, dict) else ()))
-    else:
-        names.update(name for _, encoder, merges in _PUBLISHED_FILES for name in (encoder, merges))
     return sorted(path for path in (directory / name for name in names) if path.is_file())
 
 
