@@ -377,6 +377,26 @@ def test_prepare_command_writes_the_shards_prepare_writes(data_dir, tmp_path):
     )
 
 
+def test_a_warning_is_one_line_naming_the_command_without_pythons_source_line(data_dir, tmp_path):
+    empty, text = tmp_path / "empty.txt", tmp_path / "text.txt"
+    empty.write_text("")
+    text.write_text("A few words of text.\n" * 50)
+    result = gptkit(
+        "prepare",
+        "--tokenizer",
+        data_dir / "gpt2_bpe",
+        "--out",
+        tmp_path / "out",
+        empty,
+        text,
+        "--workers",
+        "1",
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"gptkit prepare: warning: {empty}: empty file, nothing to tokenize\n" in result.stderr
+    assert "warnings.warn" not in result.stderr and "UserWarning" not in result.stderr, result.stderr
+
+
 def test_flags_come_from_the_library_configs_nested_and_deprecated(capsys):
     from gptkit.cli import _build_configs, build_parser
     from gptkit.serve.config import ServeConfig, ServeLimits

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -470,3 +471,34 @@ def test_batched_heuristics_predict_what_one_pair_at_a_time_predicts():
     assert one["mcc"] == many["mcc"] == pytest.approx(1.0)
     assert one["accuracy"] == many["accuracy"] == 1.0
     assert one["threshold"] == pytest.approx(many["threshold"], abs=1e-5)
+
+
+def test_zeroshot_over_a_run_scores_only_the_checkpoints_training_could_resume_from(data_dir, tmp_path):
+    """A step-* folder without its train_state.pt (a copy cut short) is not a checkpoint: it is
+    not scored, and a run with none complete says so."""
+    from gptkit.evaluate.zeroshot import ZeroshotConfig, run_zeroshot
+    from gptkit.model.weights import save_state_dict
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=50257, context_length=64, n_layer=1, n_head=1, d_model=8))
+    checkpoints = tmp_path / "run" / "checkpoints"
+    for step in (2, 4, 6):
+        save_state_dict(model.config, model.state_dict(), checkpoints / f"step-{step:07d}")
+    for step in (2, 6):
+        torch.save({"step": step}, checkpoints / f"step-{step:07d}" / "train_state.pt")
+    config = ZeroshotConfig(
+        model=str(tmp_path / "run"),
+        task="sentiment",
+        tokenizer=str(data_dir / "gpt2_bpe"),
+        data_dir=str(data_dir),
+        limit=2,
+        checkpoints=True,
+        dtype="float32",
+        device="cpu",
+    )
+    records = list(run_zeroshot(config))
+    assert [(r["step"], Path(r["model"]).name) for r in records] == [(2, "step-0000002"), (6, "step-0000006")]
+    for step in (2, 6):
+        (checkpoints / f"step-{step:07d}" / "train_state.pt").unlink()
+    with pytest.raises(FileNotFoundError, match=r"run/checkpoints: no complete step-\* checkpoints"):
+        list(run_zeroshot(config))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -29,68 +31,116 @@ def cpu_flags(monkeypatch):
 def test_auto_precision_is_bf16_only_where_the_cpu_has_bf16_instructions(cpu_flags):
     cpu = torch.device("cpu")
     cpu_flags(avx512_bf16=False)
-    choice = hardware.resolve_precision("auto", cpu)
-    assert choice.value == "fp32" and "no AVX512-BF16 or AMX" in choice.reason
+    choice = hardware.resolve_precision("auto", cpu, "training")
+    assert choice.dtype == torch.float32 and "no AVX512-BF16 or AMX" in choice.reason
     cpu_flags(avx512_bf16=True)
-    assert hardware.resolve_precision("auto", cpu) == hardware.Choice(
-        "bf16", "auto: bf16 autocast, since this CPU has AVX512-BF16"
+    assert hardware.resolve_precision("auto", cpu, "training") == (
+        torch.bfloat16,
+        "auto: bf16 autocast, since this CPU has AVX512-BF16",
     )
     cpu_flags(avx512_bf16=False, amx=True)
-    assert hardware.resolve_precision("auto", cpu).value == "bf16"
+    assert hardware.resolve_precision("auto", cpu, "training").dtype == torch.bfloat16
     # oneDNN held below its bf16 kernels computes bf16 the slow way, instructions or not.
     cpu_flags(avx512_bf16=True, onednn_isa="AVX2")
-    choice = hardware.resolve_precision("auto", cpu)
-    assert choice.value == "fp32" and "ONEDNN_MAX_CPU_ISA=AVX2" in choice.reason
+    choice = hardware.resolve_precision("auto", cpu, "training")
+    assert choice.dtype == torch.float32 and "ONEDNN_MAX_CPU_ISA=AVX2" in choice.reason
     cpu_flags(avx512_bf16=True, onednn_isa="avx512_core_bf16")
-    assert hardware.resolve_precision("auto", cpu).value == "bf16"
+    assert hardware.resolve_precision("auto", cpu, "training").dtype == torch.bfloat16
 
 
 def test_explicit_bf16_without_native_support_runs_with_a_warning(cpu_flags):
+    cpu = torch.device("cpu")
     cpu_flags(avx512_bf16=False)
-    with pytest.warns(UserWarning, match="slow path, measured 30-65x slower than fp32"):
-        assert hardware.resolve_precision("bf16", torch.device("cpu")).value == "bf16"
-    assert hardware.resolve_precision("fp32", torch.device("cpu")).value == "fp32"
-    with pytest.raises(ValueError, match="precision must be auto, fp32 or bf16, got 'fp16'"):
-        hardware.resolve_precision("fp16", torch.device("cpu"))
+    with pytest.warns(UserWarning, match="slow path, measured 30-65x slower than fp32") as caught:
+        assert hardware.resolve_precision("bf16", cpu, "training").dtype == torch.bfloat16
+    assert caught[0].filename == __file__  # the warning points at the caller that asked for bf16
+    assert hardware.resolve_precision("fp32", cpu, "training").dtype == torch.float32
+    expected = "precision must be one of auto, fp32, bf16, float32, bfloat16, got 'fp16'"
+    for use in ("training", "decoding", "scoring"):
+        with pytest.raises(ValueError, match=expected):
+            hardware.resolve_precision("fp16", cpu, use)
+    with pytest.raises(ValueError, match="use must be one of training, decoding, scoring, got 'serving'"):
+        hardware.resolve_precision("auto", cpu, "serving")
 
 
 def test_the_reproduced_avx2_cpu_is_detected_in_a_fresh_process():
     """The environment of docs/results.md's AVX2 runs: a new process sees no native bf16."""
-    code = "from gptkit.hardware import *; import torch; print(resolve_precision('auto', torch.device('cpu')).value)"
+    code = (
+        "from gptkit.hardware import *; import torch; "
+        "print(resolve_precision('auto', torch.device('cpu'), 'training').name)"
+    )
     env = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "PATH": ""}
+    env.update({"PYTHONPATH": os.environ["PYTHONPATH"]} if "PYTHONPATH" in os.environ else {})  # this gptkit
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "fp32"
 
 
-def test_inference_dtype(cpu_flags, monkeypatch):
+def test_inference_precision(cpu_flags, monkeypatch):
     cpu = torch.device("cpu")
-    assert hardware.resolve_inference_dtype("float32", cpu) == hardware.Choice("float32", "float32, as asked")
+    assert hardware.resolve_precision("float32", cpu, "decoding") == (torch.float32, "float32, as asked")
+    assert hardware.resolve_precision(None, cpu, "scoring") == hardware.resolve_precision(
+        "auto", cpu, "scoring"
+    )
     # Scoring whole sequences is matrix-matrix work: bf16 weights only where bf16 is native.
     cpu_flags(avx512_bf16=False)
-    assert hardware.resolve_inference_dtype("auto", cpu, decoding=False).value == "float32"
+    assert hardware.resolve_precision("auto", cpu, "scoring") == (
+        torch.float32,
+        "auto: float32, since this CPU (" + torch.backends.cpu.get_cpu_capability() + ") has no AVX512-BF16 "
+        "or AMX instructions",
+    )
     cpu_flags(avx512_bf16=True)
-    assert hardware.resolve_inference_dtype("auto", cpu, decoding=False).value == "bfloat16"
+    assert hardware.resolve_precision("auto", cpu, "scoring").dtype == torch.bfloat16
     # Decoding is decided by the measurement, whatever it finds.
     monkeypatch.setattr(hardware, "_cpu_decoding_prefers_bf16", lambda: (True, 1.6))
-    choice = hardware.resolve_inference_dtype("auto", cpu)
-    assert choice.value == "bfloat16" and "1.60x" in choice.reason
+    choice = hardware.resolve_precision("auto", cpu, "decoding")
+    assert choice.dtype == torch.bfloat16 and "1.60x" in choice.reason
     monkeypatch.setattr(hardware, "_cpu_decoding_prefers_bf16", lambda: (False, 0.9))
-    assert hardware.resolve_inference_dtype("auto", cpu).value == "float32"
-    with pytest.raises(ValueError, match="dtype must be auto, float32 or bfloat16"):
-        hardware.resolve_inference_dtype("half", cpu)
+    assert hardware.resolve_precision("auto", cpu, "decoding").dtype == torch.float32
+    # An explicit bf16 for inference is a storage format, not a slow path to warn about.
+    cpu_flags(avx512_bf16=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert hardware.resolve_precision("bf16", cpu, "scoring").dtype == torch.bfloat16
 
 
-def test_precision_and_dtype_take_either_spelling_of_a_format():
-    """One vocabulary: training's precision and inference's dtype each accept fp32/bf16 and
-    float32/bfloat16, and record their own spelling (run_config.json keeps fp32/bf16)."""
+def test_every_spelling_of_a_format_resolves_alike_and_configs_record_the_short_one():
+    """One vocabulary: fp32/float32 and bf16/bfloat16 are the same formats for every use, and
+    TrainConfig records fp32/bf16 (run_config.json's spelling)."""
     from gptkit.train.config import TrainConfig
 
     cpu = torch.device("cpu")
-    assert hardware.resolve_inference_dtype("fp32", cpu) == hardware.Choice("float32", "float32, as asked")
-    assert hardware.resolve_inference_dtype("bf16", cpu).value == "bfloat16"
-    assert hardware.resolve_precision("float32", cpu) == hardware.resolve_precision("fp32", cpu)
+    for use in ("training", "decoding", "scoring"):
+        for short, long, dtype in (("fp32", "float32", torch.float32), ("bf16", "bfloat16", torch.bfloat16)):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # training's warning for bf16 without native support
+                assert hardware.resolve_precision(short, cpu, use) == hardware.resolve_precision(
+                    long, cpu, use
+                )
+                assert hardware.resolve_precision(short, cpu, use).dtype == dtype
+    assert hardware.resolve_precision("bfloat16", cpu, "scoring").name == "bf16"
     assert TrainConfig(max_steps=1, precision="bfloat16").precision == "bf16"
     assert TrainConfig(max_steps=1, precision="float32").precision == "fp32"
+    assert TrainConfig(max_steps=1).precision == "auto"
+
+
+def test_every_config_takes_the_one_precision_vocabulary():
+    """Each command's precision or dtype field is annotated with hardware.Precision, so each
+    accepts the same spellings (the CLI's choices come from the annotation)."""
+    import typing
+
+    from gptkit.demo import DemoConfig
+    from gptkit.evaluate.harness import HarnessConfig
+    from gptkit.generation.text import InferenceConfig
+    from gptkit.train.config import TrainConfig
+
+    expected = ("auto", "fp32", "bf16", "float32", "bfloat16")
+    for config, name in (
+        (TrainConfig, "precision"),
+        (DemoConfig, "precision"),
+        (InferenceConfig, "dtype"),
+        (HarnessConfig, "dtype"),
+    ):
+        assert typing.get_args(typing.get_type_hints(config)[name]) == expected, config.__name__
 
 
 def test_device_auto_and_explicit_devices():

@@ -11,7 +11,8 @@ import pytest
 
 from gptkit.data import shards
 from gptkit.data.corpus import corpus_files, read_pieces
-from gptkit.data.shards import TokenShard, combine, prepare
+from gptkit.data.shards import TokenShard, check_shard_tokenizer, combine, prepare
+from gptkit.tokenizer import Tokenizer
 
 
 def prepared(tokenizer: Path, files: list[Path], out: Path, **options) -> dict[str, bytes]:
@@ -116,6 +117,13 @@ def test_combining_two_halves_gives_the_concatenation_of_their_tokens(data_dir, 
     for split in ("train", "val"):
         assert (tmp_path / "all" / f"{split}.bin").read_bytes() == whole[f"{split}.bin"]
     assert (tmp_path / "all" / "tokenizer").is_dir()
+    # The combined shards record their tokenizer's digest, as prepared ones do: a foreign one is refused.
+    part_meta = json.loads((parts[0] / "meta.json").read_text())
+    assert meta["tokenizer_sha256"] == part_meta["tokenizer_sha256"]
+    check_shard_tokenizer(tmp_path / "all", meta)
+    Tokenizer.from_pretrained(data_dir / "gpt1_bpe").save_pretrained(tmp_path / "all" / "tokenizer")
+    with pytest.raises(ValueError, match="not the tokenizer these shards were made with"):
+        check_shard_tokenizer(tmp_path / "all", meta)
 
 
 def test_combine_refuses_parts_with_different_tokenizers(data_dir, tmp_path):

@@ -296,6 +296,8 @@ def test_figure2_zeroshot_over_checkpoints(pretrained, data_dir, tmp_path, monke
             for p in model.parameters():
                 p.add_(0.01 * torch.randn_like(p))
         model.save_pretrained(run / "checkpoints" / f"step-{step:07d}")
+        # What makes a training checkpoint complete (the weights alone are a copy cut short).
+        torch.save({"step": step}, run / "checkpoints" / f"step-{step:07d}" / "train_state.pt")
     config = ZeroshotCurveConfig(
         run=str(run),
         heuristics=["sentiment", "question_answering"],

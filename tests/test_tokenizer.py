@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gptkit.tokenizer import ByteLevelTokenizer, GPT1Tokenizer, Tokenizer, text_standardize, train_bpe
+from gptkit.tokenizer import (
+    ByteLevelTokenizer,
+    GPT1Tokenizer,
+    Tokenizer,
+    text_standardize,
+    tokenizer_digest,
+    train_bpe,
+)
 
 from .reference_gpt1 import ReferenceGPT1Encoder
 
@@ -231,3 +240,31 @@ def test_train_gpt1_style_bpe(data_dir, tmp_path):
 def test_train_rejects_missing_files(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope.txt"):
         train_bpe([tmp_path / "nope.txt"], vocab_size=300, out_dir=tmp_path)
+
+
+def test_tokenizer_digest_covers_the_tokenizers_files_and_only_those(gpt2, data_dir, tmp_path):
+    """The digest shards record in meta.json: over a saved tokenizer's files it is sha256 of each
+    file's name, NUL, bytes, NUL in name order (the value meta.json files already hold); files that
+    are not the tokenizer's (a model's, beside it) leave it unchanged."""
+    folder = tmp_path / "tokenizer"
+    gpt2.save_pretrained(folder)
+    reference = hashlib.sha256()
+    for path in sorted(folder.iterdir()):
+        reference.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    assert tokenizer_digest(folder) == reference.hexdigest()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"weights")
+    assert tokenizer_digest(folder) == reference.hexdigest()
+    with open(folder / "vocab.bpe", "a", encoding="utf-8") as merges:
+        merges.write("x y\n")
+    assert tokenizer_digest(folder) != reference.hexdigest()
+    # A published vocabulary (no tokenizer_config.json): its encoder and merges.
+    published = tmp_path / "published"
+    published.mkdir()
+    for name in ("encoder.json", "vocab.bpe"):
+        shutil.copy(data_dir / "gpt2_bpe" / name, published / name)
+    expected = hashlib.sha256()
+    for name in ("encoder.json", "vocab.bpe"):
+        expected.update(name.encode() + b"\0" + (published / name).read_bytes() + b"\0")
+    (published / "README").write_text("not the tokenizer")
+    assert tokenizer_digest(published) == expected.hexdigest()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -250,6 +252,29 @@ def test_muon_matches_torchs_muon_and_orthogonalizes():
     assert 0.5 < torch.diagonal(core).min() and torch.diagonal(core).max() < 1.5
     with pytest.raises(ValueError, match="2-D matrices only"):
         Muon([torch.nn.Parameter(torch.zeros(3))], lr=0.1)
+
+
+def test_fp32_training_orthogonalises_in_fp32_even_on_bf16_hardware(shards, tmp_path, monkeypatch):
+    """Muon's Newton-Schulz iteration follows the training precision, not what the hardware offers:
+    --precision fp32 on a CPU that claims native bf16 still iterates in fp32."""
+    import gptkit.train.optim as optim
+    from gptkit.hardware import bf16_native
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    assert bf16_native(torch.device("cpu")).native  # the premise: this CPU now looks bf16-native
+    ran_in = []
+
+    def recording(matrix, steps=5, dtype=torch.float32):
+        result = orthogonalize(matrix, steps, dtype)
+        ran_in.append(result.dtype)  # the dtype the iteration's own tensors had
+        return result
+
+    monkeypatch.setattr(optim, "orthogonalize", recording)
+    trainer, _ = make_trainer(shards, tmp_path, loop_config(max_steps=2, optimizer="muon", eval_every=0))
+    trainer.fit()
+    assert len(ran_in) == 2 * 8  # two updates of the blocks' eight matrices
+    assert set(ran_in) == {torch.float32}
 
 
 # The loop ---------------------------------------------------------------------------------------
@@ -600,6 +625,68 @@ def test_a_full_disk_names_the_checkpoint_and_leaves_no_debris(shards, tmp_path)
         trainer.save_checkpoint()
     assert e.value.errno == errno.ENOSPC and "MB are free. The previous checkpoint is intact" in str(e.value)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest.json", "step-0000003"]
+
+
+def test_a_full_disk_in_torchs_zip_writer_is_one_line_and_the_run_resumes_exactly(
+    shards, tmp_path, monkeypatch
+):
+    """torch's zip writer reports a full disk as a RuntimeError, not an OSError: the half-written
+    staging folder still goes, the error is one line (an OSError, which the CLI prints without a
+    traceback) naming the step, the folder and the free space, and once there is room the run
+    resumes from the previous checkpoint to the uninterrupted run's losses."""
+    straight, _ = make_trainer(shards, tmp_path / "a", loop_config())
+    straight.fit()
+    expected = [r["loss"] for r in read_metrics(tmp_path / "a" / "metrics.jsonl") if "loss" in r]
+
+    save = torch.save
+
+    def disk_fills_at_step_6(obj, path, *args, **kwargs):
+        if Path(path).parent.name == ".step-0000006.tmp":
+            Path(path).write_bytes(b"PK\x03\x04" + b"\0" * 1000)  # the archive's start, then no room
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1088 vs 1024")
+        return save(obj, path, *args, **kwargs)
+
+    run = tmp_path / "b"
+    first, _ = make_trainer(shards, run, loop_config())
+    with monkeypatch.context() as patches:
+        patches.setattr(torch, "save", disk_fills_at_step_6)
+        with pytest.raises(OSError) as error:
+            first.fit()
+    message = str(error.value)
+    assert message.startswith(
+        f"could not write checkpoint step-0000006 in {run / 'checkpoints'}: RuntimeError: [enforce fail at "
+        "inline_container.cc:672] . unexpected pos 1088 vs 1024; a checkpoint takes about "
+    ), message
+    free = re.search(
+        r", ([\d,]+) MB are free\. The previous checkpoint is intact: free space, then --resume$", message
+    )
+    assert free and "\n" not in message
+    assert (
+        abs(int(free[1].replace(",", "")) - shutil.disk_usage(run).free / 1e6) < 1000
+    )  # the free space here
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["latest.json", "step-0000003"]
+
+    torch.manual_seed(12345)  # a fresh process would not share the first run's RNG
+    second, _ = make_trainer(shards, run, loop_config(), model=small_model())
+    second.resume(second.latest_checkpoint(), read_state_dict)
+    second.fit()
+    resumed = [r["loss"] for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
+    assert len(resumed) == len(expected) == 8
+    assert resumed == pytest.approx(expected, abs=1e-6)
+    assert second.latest_checkpoint() == run / "checkpoints" / "step-0000008"
+
+
+def test_a_failed_first_checkpoint_says_there_is_none_to_resume_from(shards, tmp_path, monkeypatch):
+    def no_room(obj, path, *args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
+    trainer, _ = make_trainer(shards, tmp_path, loop_config(max_steps=3, checkpoint_every=3))
+    monkeypatch.setattr(torch, "save", no_room)
+    with pytest.raises(
+        OSError, match=r"step-0000003 .*MB are free\. No checkpoint was written yet: free space"
+    ):
+        trainer.fit()
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == []
 
 
 def test_tensorboard_gets_the_same_numbers_as_metrics_jsonl(shards, tmp_path, monkeypatch):

@@ -11,11 +11,13 @@ FILE`` (YAML or JSON) for the same fields; flags override it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
 import types
 import typing
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -462,11 +464,31 @@ def _build_configs(command: Command, args: argparse.Namespace) -> list[Any]:
     return [dataclass_from_args(cls, args, values) for cls, values in zip(command.configs, file_values)]
 
 
+@contextlib.contextmanager
+def one_line_warnings(prefix: str):
+    """Print warnings as ``PREFIX: warning: MESSAGE``, one line each: the message says what happened
+    and what to do, while the file, line and source line Python adds (``warnings.warn(...)``) tell
+    a user nothing."""
+
+    def one_line(message, category, filename, lineno, line=None) -> str:
+        kind = "warning" if category is UserWarning else category.__name__
+        return f"{prefix}: {kind}: {message}\n"
+
+    previous, warnings.formatwarning = warnings.formatwarning, one_line
+    try:
+        yield
+    finally:
+        warnings.formatwarning = previous
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; errors a user can act on (ValueError, OSError, ImportError) are printed as
+    one line and return 2, Ctrl-C and SIGTERM return 128 + the signal."""
     args = build_parser().parse_args(argv)
     command: Command = args.command_spec
     try:
-        command.run(*_build_configs(command, args))
+        with one_line_warnings(f"gptkit {command.name}"):
+            command.run(*_build_configs(command, args))
     except (ValueError, OSError, ImportError) as e:
         print(f"gptkit {command.name}: error: {e}", file=sys.stderr)
         return 2

@@ -46,7 +46,7 @@ from gptkit.data.shards import TokenShard, prepare
 from gptkit.evaluate.finetuned import correct_per_example
 from gptkit.evaluate.tradeoff import passages_from_text, sweep
 from gptkit.generation import SamplingParams, generate_text, load_for_generation
-from gptkit.hardware import DEVICE_HELP, resolve_device, resolve_precision
+from gptkit.hardware import DEVICE_HELP, Precision, resolve_device, resolve_precision
 from gptkit.io import write_json
 from gptkit.model.task import TaskModel
 from gptkit.tokenizer import train_bpe
@@ -405,7 +405,7 @@ class DemoConfig:
         },
     )
     time_budget: str = field(default="5m", metadata={"help": "Wall-clock budget for pre-training."})
-    precision: Literal["auto", "fp32", "bf16"] = field(
+    precision: Precision = field(
         default="auto", metadata={"help": "Training precision (auto: by the hardware)."}
     )
     device: str = field(default="auto", metadata={"help": DEVICE_HELP})
@@ -539,8 +539,8 @@ def _run_published(config: DemoConfig, data: Path, out: Path, started: float) ->
     init = str(config.init)
     _stage(f"1/3 {init}: the published model, whose weights and vocabulary are its pre-training")
     folder = hub.resolve(init)  # fetched here when the cache does not hold it
-    precision = resolve_precision(config.precision, resolve_device(config.device))
-    budget = config.finetune_budget or PUBLISHED_BUDGET[precision.value]
+    precision = resolve_precision(config.precision, resolve_device(config.device), "training")
+    budget = config.finetune_budget or PUBLISHED_BUDGET[precision.name]
     print(f"    {folder}\n    fine-tuning budget {budget}; precision {precision.reason}", flush=True)
 
     t = _stage(

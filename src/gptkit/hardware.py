@@ -20,6 +20,7 @@ import platform
 import time
 import warnings
 from dataclasses import dataclass
+from typing import Literal, NamedTuple, get_args
 
 import torch
 
@@ -48,14 +49,6 @@ class Support:
     """Whether the hardware does something natively, and why (for the message)."""
 
     native: bool
-    reason: str
-
-
-@dataclass(frozen=True)
-class Choice:
-    """A decision and why it was taken, to print once."""
-
-    value: str
     reason: str
 
 
@@ -112,33 +105,93 @@ def bf16_native(device: torch.device) -> Support:
     return Support(False, f"{device.type} runs fp32 in gptkit (bf16 there is untested)")
 
 
-# One vocabulary of number formats for every command. Training's ``precision`` is what the matrix
-# products compute in (bf16 autocast over fp32 weights), inference's ``dtype`` what the weights are
-# stored in: two settings, so two names, but each takes either spelling of a format.
-AS_PRECISION = {"float32": "fp32", "bfloat16": "bf16"}
-AS_DTYPE = {"fp32": "float32", "bf16": "bfloat16"}
+# One vocabulary of number formats for every command: training's ``precision`` (what the matrix
+# products compute in: bf16 autocast over fp32 weights) and inference's ``dtype`` (what the weights are
+# stored in) both take these; float32 and bfloat16 are the same formats' other names, so that either
+# spelling of a flag keeps working.
+Precision = Literal["auto", "fp32", "bf16", "float32", "bfloat16"]
+# What the precision is for: training (autocast), decoding one token at a time, or scoring whole sequences.
+PrecisionUse = Literal["training", "decoding", "scoring"]
+
+_FORMATS = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+}
+_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
 
-def resolve_precision(precision: str, device: torch.device) -> Choice:
-    """Training precision: ``auto`` is bf16 autocast where the hardware has it natively, else fp32.
+class Choice(NamedTuple):
+    """A resolved precision, and why it was taken (to print once)."""
 
-    An explicit ``bf16`` on hardware without it still runs, with a warning that says what it costs.
+    dtype: torch.dtype
+    reason: str
+
+    @property
+    def name(self) -> str:
+        """The format's short name, fp32 or bf16, as run records keep it."""
+        return _NAMES[self.dtype]
+
+
+def canonical_precision(spec: str | None) -> str:
+    """``spec`` in one spelling: auto, fp32 or bf16 (None is auto). Anything else is a ValueError."""
+    name = "auto" if spec is None else spec
+    if name == "auto":
+        return name
+    if name not in _FORMATS:
+        raise ValueError(f"precision must be one of {', '.join(get_args(Precision))}, got {name!r}")
+    return _NAMES[_FORMATS[name]]
+
+
+def resolve_precision(spec: str | None, device: torch.device, use: PrecisionUse) -> Choice:
+    """The dtype that ``spec`` (a :data:`Precision`; None is auto) means on ``device`` for ``use``.
+
+    Training: ``auto`` is bf16 autocast where the hardware has it natively, else fp32; an explicit
+    bf16 on hardware without it still runs, with a warning that says what it costs. Inference: ``auto``
+    is bf16 on a CUDA GPU with bf16 and fp32 on MPS; on a CPU, for decoding (one token at a time)
+    whichever a short measurement finds faster, and for scoring whole sequences (perplexity,
+    evaluation) bf16 only where the CPU multiplies it natively.
     """
-    precision = AS_PRECISION.get(precision, precision)
-    if precision not in ("auto", "fp32", "bf16"):
-        raise ValueError(f"precision must be auto, fp32 or bf16, got {precision!r}")
+    if use not in get_args(PrecisionUse):
+        raise ValueError(f"use must be one of {', '.join(get_args(PrecisionUse))}, got {use!r}")
+    name = canonical_precision(spec)
+    if use == "training":
+        return _training_precision(name, device)
+    return _inference_precision(name, device, decoding=use == "decoding")
+
+
+def _training_precision(name: str, device: torch.device) -> Choice:
     native = bf16_native(device)
-    if precision == "auto":
+    if name == "auto":
         if native.native:
-            return Choice("bf16", f"auto: bf16 autocast, since {native.reason}")
-        return Choice("fp32", f"auto: fp32, since {native.reason}")
-    if precision == "bf16" and not native.native:
+            return Choice(torch.bfloat16, f"auto: bf16 autocast, since {native.reason}")
+        return Choice(torch.float32, f"auto: fp32, since {native.reason}")
+    if name == "bf16" and not native.native:
         warnings.warn(
             f"--precision bf16 on hardware without native bf16 ({native.reason}): matrix products take a "
             "slow path, measured 30-65x slower than fp32 on such CPUs; --precision auto picks fp32 here",
-            stacklevel=2,
+            stacklevel=3,
         )
-    return Choice(precision, f"{precision}, as asked ({native.reason})")
+    return Choice(_FORMATS[name], f"{name}, as asked ({native.reason})")
+
+
+def _inference_precision(name: str, device: torch.device, decoding: bool) -> Choice:
+    if name != "auto":
+        return Choice(_FORMATS[name], f"{_long_name(_FORMATS[name])}, as asked")
+    if device.type == "cpu" and decoding:
+        faster, speedup = _cpu_decoding_prefers_bf16()
+        measured = f"bf16 weights measured {speedup:.2f}x fp32's speed for decoding on this CPU"
+        return Choice(torch.bfloat16 if faster else torch.float32, f"auto: {measured}")
+    native = bf16_native(device)
+    if native.native:
+        return Choice(torch.bfloat16, f"auto: bfloat16, since {native.reason}")
+    return Choice(torch.float32, f"auto: float32, since {native.reason}")
+
+
+def _long_name(dtype: torch.dtype) -> str:
+    """float32 or bfloat16: inference's messages name the weights' dtype as torch does."""
+    return str(dtype).removeprefix("torch.")
 
 
 @functools.cache
@@ -238,25 +291,6 @@ def matmul_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
         synchronize()
         best = min(best, time.perf_counter() - started)
     return 2 * n**3 / max(best, 1e-9)
-
-
-def resolve_inference_dtype(dtype: str | None, device: torch.device, decoding: bool = True) -> Choice:
-    """Weight dtype for inference. ``auto``: bf16 on a CUDA GPU with bf16; fp32 on MPS; on a CPU,
-    for decoding (one token at a time) whichever a short measurement finds faster, and for scoring
-    whole sequences (perplexity, evaluation) bf16 only where the CPU multiplies it natively."""
-    name = "auto" if dtype is None else AS_DTYPE.get(dtype, dtype)
-    if name not in ("auto", "float32", "bfloat16"):
-        raise ValueError(f"dtype must be auto, float32 or bfloat16, got {name!r}")
-    if name != "auto":
-        return Choice(name, f"{name}, as asked")
-    if device.type == "cpu" and decoding:
-        faster, speedup = _cpu_decoding_prefers_bf16()
-        measured = f"bf16 weights measured {speedup:.2f}x fp32's speed for decoding on this CPU"
-        return Choice("bfloat16" if faster else "float32", f"auto: {measured}")
-    native = bf16_native(device)
-    if native.native:
-        return Choice("bfloat16", f"auto: bfloat16, since {native.reason}")
-    return Choice("float32", f"auto: float32, since {native.reason}")
 
 
 def describe(device: torch.device | None = None) -> dict[str, object]:

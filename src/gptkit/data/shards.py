@@ -15,7 +15,6 @@ sampler is :class:`gptkit.data.sampler.EpochSampler`, which fine-tuning's exampl
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import multiprocessing
 import os
 import shutil
@@ -45,7 +44,7 @@ from gptkit.data.corpus import (
 )
 from gptkit.data.sampler import EpochSampler
 from gptkit.io import read_json_object, write_json, writer_lock
-from gptkit.tokenizer import END_OF_TEXT, Tokenizer
+from gptkit.tokenizer import END_OF_TEXT, Tokenizer, tokenizer_digest
 
 META_NAME = "meta.json"
 TASK_BYTES = 1 << 16  # text per task for a worker process (many JSONL documents make one task)
@@ -366,20 +365,12 @@ def _swap_into_place(ready: Path, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def tokenizer_fingerprint(directory: str | Path) -> str:
-    """sha256 of a tokenizer folder's files (names and bytes): shards and their tokenizer must agree."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in Path(directory).iterdir() if p.is_file()):
-        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
 def check_shard_tokenizer(data_dir: str | Path, meta: dict) -> None:
     """Refuse shards whose ``tokenizer/`` folder is not the one they were made with (shards written
     before the fingerprint existed are taken as they are)."""
     expected = meta.get("tokenizer_sha256")
     folder = Path(data_dir) / meta.get("tokenizer", "tokenizer")
-    if expected and tokenizer_fingerprint(folder) != expected:
+    if expected and tokenizer_digest(folder) != expected:
         raise ValueError(
             f"{folder}: not the tokenizer these shards were made with (meta.json's tokenizer_sha256 "
             f"differs): training would read every token as another; re-run `gptkit prepare`"
@@ -436,7 +427,7 @@ def _prepare_into(
         os.replace(tmp_paths[split], out_dir / f"{split}.bin")
     meta = {
         "tokenizer": "tokenizer",
-        "tokenizer_sha256": tokenizer_fingerprint(out_dir / "tokenizer"),
+        "tokenizer_sha256": tokenizer_digest(out_dir / "tokenizer"),
         "tokenizer_style": tokenizer.style,
         "vocab_size": tokenizer.vocab_size,
         "n_special": tokenizer.n_special,
@@ -593,20 +584,9 @@ def eval_windows(shard: TokenShard, context_length: int, max_windows: int | None
     return torch.stack([shard.window(i, context_length) for i in range(n)])
 
 
-def _tokenizer_digest(directory: Path) -> str:
-    """A digest of a tokenizer directory's files (names and bytes)."""
-    digest = hashlib.sha256()
-    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-        digest.update(str(path.relative_to(directory)).encode() + b"\0")
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _check_same_tokenizer(shard_dirs: list[Path], metas: list[dict]) -> None:
     first_dir, first = shard_dirs[0], metas[0]
-    first_digest = _tokenizer_digest(first_dir / first["tokenizer"])
+    first_digest = tokenizer_digest(first_dir / first["tokenizer"])
     for directory, meta in zip(shard_dirs[1:], metas[1:]):
         for name in ("tokenizer_style", "vocab_size", "n_special", "dtype"):
             if meta[name] != first[name]:
@@ -614,7 +594,7 @@ def _check_same_tokenizer(shard_dirs: list[Path], metas: list[dict]) -> None:
                     f"{directory / META_NAME}: {name} is {meta[name]!r}, but {first_dir / META_NAME} has "
                     f"{first[name]!r}: only shards prepared with the same tokenizer can be combined"
                 )
-        if _tokenizer_digest(directory / meta["tokenizer"]) != first_digest:
+        if tokenizer_digest(directory / meta["tokenizer"]) != first_digest:
             raise ValueError(
                 f"{directory / meta['tokenizer']}: not the same tokenizer as {first_dir / first['tokenizer']}: "
                 "only shards prepared with the same tokenizer can be combined"
@@ -673,6 +653,7 @@ def combine(shard_dirs: Sequence[str | Path], out_dir: str | Path, show_progress
     first = metas[0]
     meta = {
         "tokenizer": "tokenizer",
+        "tokenizer_sha256": tokenizer_digest(out_dir / "tokenizer"),
         **{name: first[name] for name in ("tokenizer_style", "vocab_size", "n_special", "dtype")},
         "counts": {split: sum(meta["counts"][split] for meta in metas) for split in splits},
         "files": [f for meta in metas for f in meta.get("files", [])],

@@ -12,9 +12,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
-from gptkit.hardware import DEVICE_HELP
+from gptkit.hardware import DEVICE_HELP, Precision
 
 DEFAULT_BATCH_SIZE = 32
 SEED = 1234  # lm-eval's own default seed, for the few-shot examples and sampled generations
@@ -52,8 +51,12 @@ class HarnessConfig:
         default=None, metadata={"help": "Examples shown before each question (default: the task's)."}
     )
     batch_size: int = field(default=DEFAULT_BATCH_SIZE, metadata={"help": "Sequences per forward pass."})
-    dtype: Literal["float32", "bfloat16"] = field(
-        default="float32", metadata={"help": "Weights and scores: float32 (exact) or bfloat16."}
+    dtype: Precision = field(
+        default="float32",
+        metadata={
+            "help": "Weights and scores: float32 (exact), bfloat16, or auto (bfloat16 where the hardware "
+            "multiplies it natively); fp32 and bf16 are the same formats' other names."
+        },
     )
     device: str = field(default="auto", metadata={"help": DEVICE_HELP})
     output_path: str | None = field(

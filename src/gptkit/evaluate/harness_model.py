@@ -36,7 +36,7 @@ from gptkit.evaluate.harness import DEFAULT_BATCH_SIZE
 from gptkit.evaluate.lm import continuation_scores
 from gptkit.generation import SamplingParams, generate_text
 from gptkit.generation.text import start_ids
-from gptkit.hardware import resolve_device
+from gptkit.hardware import Precision, resolve_device, resolve_precision
 from gptkit.model import GPT
 from gptkit.tokenizer import END_OF_TEXT, Tokenizer
 
@@ -48,7 +48,8 @@ class GptkitLM(TemplateLM):
     """A gptkit model (a run directory or any directory ``GPT.from_pretrained`` reads) for lm-eval.
 
     ``pretrained``: the model directory; ``tokenizer``: its tokenizer's directory (default: the
-    model's); ``dtype``: float32 (default, exact) or bfloat16; ``batch_size``: sequences per forward
+    model's); ``dtype``: float32 (default, exact), bfloat16 or auto (bfloat16 where the hardware multiplies
+    it natively; see :func:`gptkit.hardware.resolve_precision`); ``batch_size``: sequences per forward
     pass (lm-eval's ``--batch_size``; ``auto`` or ``auto:N`` means the default, 32); ``device``: cpu, cuda, ...
     """
 
@@ -56,7 +57,7 @@ class GptkitLM(TemplateLM):
         self,
         pretrained: str,
         tokenizer: str | None = None,
-        dtype: str = "float32",
+        dtype: Precision = "float32",
         batch_size: int | str | None = None,
         device: str | None = None,
         **unused: Any,
@@ -64,10 +65,12 @@ class GptkitLM(TemplateLM):
         super().__init__()
         if unused:
             warnings.warn(f"gptkit model: ignoring model_args {', '.join(sorted(unused))}", stacklevel=2)
-        if dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"gptkit model: dtype must be float32 or bfloat16, got {dtype!r}")
         self._device = resolve_device(device or "auto")
-        self.model = GPT.from_pretrained(pretrained, dtype=getattr(torch, dtype), device=str(self._device))
+        try:
+            choice = resolve_precision(dtype, self._device, "scoring")
+        except ValueError as e:
+            raise ValueError(f"gptkit model: dtype: {e}") from None
+        self.model = GPT.from_pretrained(pretrained, dtype=choice.dtype, device=str(self._device))
         self.model.eval()
         self.gptkit_tokenizer = Tokenizer.from_pretrained(tokenizer or pretrained)
         automatic = batch_size is None or str(batch_size).startswith("auto")  # lm-eval's auto, auto:N

@@ -17,6 +17,7 @@ from gptkit.generation import start_ids
 from gptkit.generation.text import InferenceConfig
 from gptkit.model import GPT
 from gptkit.tokenizer import Tokenizer
+from gptkit.train.rundir import RunDir
 
 # Each heuristic and the dataset the paper ran it on (multiple_choice: our stand-in for its DPRD
 # Winograd schemas, which are not among the datasets here; question_answering: RACE).
@@ -89,11 +90,13 @@ def zeroshot(
 
 
 def run_checkpoints(run_dir: str | Path) -> list[tuple[int, Path]]:
-    """(step, directory) of every checkpoint of a training run, oldest first."""
-    directories = sorted(p for p in (Path(run_dir) / "checkpoints").glob("step-*") if p.is_dir())
+    """(step, directory) of every complete checkpoint of a training run, oldest first: a folder that
+    training would not resume from (no train_state.pt: a copy cut short, say) is not scored either."""
+    run = RunDir(run_dir)
+    directories = run.completed_checkpoints()
     if not directories:
-        raise FileNotFoundError(f"{run_dir}/checkpoints: no step-* checkpoints")
-    return [(int(p.name.split("-")[1]), p) for p in directories]
+        raise FileNotFoundError(f"{run.checkpoints}: no complete step-* checkpoints")
+    return [(RunDir.step_of(p), p) for p in directories]
 
 
 @dataclass

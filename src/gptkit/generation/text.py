@@ -21,7 +21,14 @@ from gptkit import hub
 from gptkit.generation.decode import generate, stream_ids
 from gptkit.generation.incremental import IncrementalText
 from gptkit.generation.sampling import SamplingParams, sampling_params
-from gptkit.hardware import DEVICE_HELP, Choice, has_decoding_layout, resolve_device, resolve_inference_dtype
+from gptkit.hardware import (
+    DEVICE_HELP,
+    Choice,
+    Precision,
+    has_decoding_layout,
+    resolve_device,
+    resolve_precision,
+)
 from gptkit.model import GPT
 from gptkit.model.layouts import QUANTIZATIONS, decoding_layout, quantize_int8
 from gptkit.tokenizer import END_OF_TEXT, GPT1_SPECIAL_TOKENS, Tokenizer
@@ -35,7 +42,7 @@ class InferenceConfig:
     zero-shot and the trade-off sweep). Keyword-only, so that a command's config may add required
     fields before them."""
 
-    dtype: Literal["auto", "float32", "bfloat16", "fp32", "bf16"] = field(
+    dtype: Precision = field(
         default="auto",
         kw_only=True,
         metadata={
@@ -74,7 +81,7 @@ class InferenceConfig:
 def load_for_generation(
     model_dir: str | Path,
     tokenizer_dir: str | Path | None = None,
-    dtype: str = "float32",
+    dtype: Precision = "float32",
     device: str = "auto",
     decoding: bool = True,
     verbose: bool = False,
@@ -98,15 +105,15 @@ def load_for_generation(
     hub.ensure_available(model_dir, tokenizer_dir)  # a name that cannot be had fails before any measuring
     torch_device = resolve_device(device)
     if quantize == "int8":
-        choice = Choice("bfloat16", "int8 weights, bf16 activations (--quantize int8)")
+        choice = Choice(torch.bfloat16, "int8 weights, bf16 activations (--quantize int8)")
     else:
-        choice = resolve_inference_dtype(dtype, torch_device, decoding=decoding)
+        choice = resolve_precision(dtype, torch_device, "decoding" if decoding else "scoring")
     if verbose:
         print(f"device: {torch_device}; dtype: {choice.reason}", file=sys.stderr, flush=True)
-    model = GPT.from_pretrained(model_dir, dtype=getattr(torch, choice.value), device=str(torch_device))
+    model = GPT.from_pretrained(model_dir, dtype=choice.dtype, device=str(torch_device))
     if quantize == "int8":
         model = quantize_int8(model)
-    elif decoding and has_decoding_layout(getattr(torch, choice.value), torch_device):
+    elif decoding and has_decoding_layout(choice.dtype, torch_device):
         model = decoding_layout(model)  # the same values, streamed faster on this CPU (gptkit.model.layouts)
     tokenizer = Tokenizer.from_pretrained(tokenizer_dir or model_dir)
     return model, tokenizer

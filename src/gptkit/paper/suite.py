@@ -345,7 +345,7 @@ def run_suite(config: SuiteConfig, train: FinetuneTrainConfig) -> dict[str, dict
     with RunDir(out).writer_lock("suite"):
         check_settings(out, _settings(config, train))
         results: dict[str, dict[str, dict]] = {}
-        previous = out / "results.json"
+        previous = RunDir(out).results
         if previous.exists():  # tasks run by earlier invocations stay in the report
             results = read_json(previous).get("results", {})
         for variant in config.variants:
@@ -573,7 +573,7 @@ def format_comparisons(
 
 def write_reports(out: Path, results: dict[str, dict[str, dict]], config: SuiteConfig | None = None) -> None:
     comparisons = paired_comparisons(out, results)
-    write_json(out / "results.json", {"results": results, "comparisons": comparisons})
+    write_json(RunDir(out).results, {"results": results, "comparisons": comparisons})
     text = format_markdown(results, config) + "\n"
     if comparisons:
         text += "\n" + format_comparisons(results, comparisons) + "\n"

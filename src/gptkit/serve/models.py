@@ -14,7 +14,6 @@ its head W_y reads (GPT-1 §3.2): ``softmax(embedding · W_y)`` is a classificat
 from __future__ import annotations
 
 import functools
-import hashlib
 import re
 import sys
 from collections import defaultdict
@@ -27,7 +26,7 @@ import torch
 from gptkit import hub
 from gptkit.data.tasks import EncodedExample, TaskSpec, build_sequences, collate
 from gptkit.generation import load_for_generation
-from gptkit.hardware import resolve_device, resolve_inference_dtype
+from gptkit.hardware import Precision, resolve_device, resolve_precision
 from gptkit.io import read_safetensors
 from gptkit.model import GPT
 from gptkit.model.lora import AdapterSet, is_adapter_dir, read_adapter
@@ -46,7 +45,7 @@ from gptkit.model.task import (
 from gptkit.serve.batcher import Batcher
 from gptkit.serve.config import ServeLimits
 from gptkit.serve.engine import Engine
-from gptkit.tokenizer import Tokenizer
+from gptkit.tokenizer import Tokenizer, tokenizer_digest
 
 COMPLETIONS, CLASSIFY, EMBEDDINGS = "/v1/completions", "/v1/classify", "/v1/embeddings"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
@@ -183,7 +182,7 @@ def load_model(
     limits: ServeLimits,
     *,
     tokenizer_dir: str | Path | None = None,
-    dtype: str = "auto",
+    dtype: Precision = "auto",
     device: str = "auto",
     quantize: str = "none",
 ) -> ServedModel:
@@ -199,8 +198,8 @@ def load_model(
             f"{directory} is a fine-tuned model: it is served with its own tokenizer (no --tokenizer)"
         )
     task = TaskModel.from_pretrained(directory, device=device)
-    choice = resolve_inference_dtype(dtype, task.device, decoding=False)
-    task = task.to(getattr(torch, choice.value))
+    choice = resolve_precision(dtype, task.device, "scoring")
+    task = task.to(choice.dtype)
     print(f"{name}: device: {task.device}; dtype: {choice.reason}", file=sys.stderr, flush=True)
     return ServedModel.create(name, task.gpt, task.tokenizer, limits, task=task)
 
@@ -235,7 +234,7 @@ def load_adapters(
     adapters: Mapping[str, Path],
     limits: ServeLimits,
     *,
-    dtype: str = "auto",
+    dtype: Precision = "auto",
     device: str = "auto",
 ) -> list[ServedModel]:
     """LoRA adapters of ``base`` served over one copy of its weights. Their classify requests share
@@ -244,8 +243,8 @@ def load_adapters(
     first, first_info = next(iter(adapters.values())), next(iter(infos.values()))
     gpt, _ = with_special_rows(GPT.from_pretrained(base), first, first_info)
     resolved = resolve_device(device)
-    choice = resolve_inference_dtype(dtype, resolved, decoding=False)
-    gpt = gpt.to(device=resolved, dtype=getattr(torch, choice.value)).eval()
+    choice = resolve_precision(dtype, resolved, "scoring")
+    gpt = gpt.to(device=resolved, dtype=choice.dtype).eval()
     adapter_set = AdapterSet(gpt, int(first_info["lora"]["first_trainable_row"]))
     tasks, tokenizers = {}, {}
     for name, directory in adapters.items():
@@ -284,25 +283,10 @@ def load_adapters(
     return served
 
 
-# A tokenizer's files, under any of the names Tokenizer.from_pretrained reads.
-_TOKENIZER_FILES = (
-    "tokenizer_config.json",
-    "tokenizer.json",
-    "encoder.json",
-    "vocab.bpe",
-    "encoder_bpe_40000.json",
-    "vocab_40000.bpe",
-)
-
-
 def shared_tokenizer(directory: Path, loaded: dict[str, Tokenizer]) -> Tokenizer:
     """The tokenizer of ``directory``, loaded once for every directory with the same files (adapters
     of one base carry copies of its tokenizer: each a few tens of MB in memory once loaded)."""
-    digest = hashlib.sha256()
-    for name in _TOKENIZER_FILES:
-        if (directory / name).is_file():
-            digest.update(name.encode() + b"\0" + (directory / name).read_bytes())
-    key = digest.hexdigest()
+    key = tokenizer_digest(directory)
     if key not in loaded:
         loaded[key] = Tokenizer.from_pretrained(directory)
     return loaded[key]

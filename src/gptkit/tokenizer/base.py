@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -171,6 +172,33 @@ def merges_style(merges_path: Path) -> str:
     with open(merges_path, encoding="utf-8", errors="replace") as f:
         head = [line for _, line in zip(range(1000), f)]
     return "gpt1" if any("</w>" in line for line in head) else "bytelevel"
+
+
+def tokenizer_files(directory: str | Path) -> list[Path]:
+    """The files in ``directory`` that :meth:`Tokenizer.from_pretrained` may read, and
+    ``tokenizer.json`` (what transformers reads): ``tokenizer_config.json`` and the files it names,
+    the releases' vocabulary and merges, and the Hub's names for them. Other files (a model's
+    weights beside the tokenizer, say) are not the tokenizer's."""
+    directory = Path(directory)
+    names = {TOKENIZER_CONFIG, TOKENIZER_JSON, HUB_ENCODER, HUB_MERGES}
+    names.update(name for _, encoder, merges in _PUBLISHED_FILES for name in (encoder, merges))
+    config_path = directory / TOKENIZER_CONFIG
+    if config_path.is_file():
+        files = read_json_object(config_path).get("files")
+        names.update(str(name) for name in (files.values() if isinstance(files, dict) else ()))
+    return sorted(path for path in (directory / name for name in names) if path.is_file())
+
+
+def tokenizer_digest(directory: str | Path) -> str:
+    """sha256 of the tokenizer in ``directory``: its files' names and bytes (:func:`tokenizer_files`),
+    in name order. Two folders with the same digest tokenize alike; shards record it in meta.json
+    (``tokenizer_sha256``) to refuse a tokenizer other than the one they were made with."""
+    directory = Path(directory)
+    digest = hashlib.sha256()
+    for path in tokenizer_files(directory):
+        name = path.relative_to(directory).as_posix()
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 # Tokenizer kinds by style name, filled as gpt1.py and bytelevel.py are imported (by this package).

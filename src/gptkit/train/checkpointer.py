@@ -8,7 +8,6 @@ in ``latest.json``. A ``kill -9`` thus loses at most the updates since the last 
 
 from __future__ import annotations
 
-import errno
 import json
 import shutil
 import warnings
@@ -25,6 +24,13 @@ from gptkit.train.distributed import DistributedContext, full_state_dicts, load_
 from gptkit.train.rundir import LATEST, TRAIN_STATE, RunDir
 
 SaveModel = Callable[[Path, dict[str, torch.Tensor]], None]
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written; the message is one line naming the step, the folder and
+    the free space. An OSError (``errno`` kept from the cause where it has one), so that the CLI
+    prints it as one line without a traceback, whatever failed underneath: torch's zip writer
+    reports a full disk as a RuntimeError (``[enforce fail at inline_container.cc] unexpected pos``)."""
 
 
 @dataclass
@@ -71,9 +77,11 @@ class Checkpointer:
                 self.save_model(staging, model_state)
                 torch.save(train_state, staging / TRAIN_STATE)
                 write_manifest(staging)  # last: a checkpoint with a manifest is complete
-            except OSError as e:
-                shutil.rmtree(staging, ignore_errors=True)  # no half-written debris
-                raise OSError(e.errno, self._write_failure(final, e)) from e
+            except BaseException as e:
+                shutil.rmtree(staging, ignore_errors=True)  # no half-written debris, whatever stopped it
+                if not isinstance(e, Exception):  # Ctrl-C and the like stay what they are
+                    raise
+                raise self._write_failure(final, e) from e
             shutil.rmtree(final, ignore_errors=True)
             staging.rename(final)
             write_json(self.run_dir.latest_pointer, {"step": step, "path": final.name})
@@ -81,19 +89,26 @@ class Checkpointer:
         self.ctx.barrier()
         return final
 
-    def _write_failure(self, final: Path, error: OSError) -> str:
-        """What failed, where, and (on a full disk) how much room a checkpoint takes."""
-        what = f"could not write checkpoint {final.name} in {final.parent}: {error.strerror or error}"
-        if error.filename:
-            what += f" ({error.filename})"
-        if error.errno == errno.ENOSPC:
-            previous = self.run_dir.completed_checkpoints()
-            if previous:
-                size = sum(f.stat().st_size for f in previous[-1].iterdir() if f.is_file())
-                what += f"; a checkpoint takes about {size / 1e6:,.0f} MB"
-            free = shutil.disk_usage(final.parent).free
-            what += f", {free / 1e6:,.0f} MB are free. The previous checkpoint is intact: free space, then --resume"
-        return what
+    def _write_failure(self, final: Path, error: Exception) -> CheckpointWriteError:
+        """One line: what failed, where, how much room a checkpoint takes and how much is free, and
+        what to do. Any failure may be a full disk in disguise, so the free space is always said."""
+        if isinstance(error, OSError):
+            cause = str(error.strerror or error) + (f" ({error.filename})" if error.filename else "")
+        else:  # the first line only: C++ errors may carry a stack trace below it
+            cause = f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+        what = f"could not write checkpoint {final.name} in {final.parent}: {cause}"
+        previous = self.run_dir.completed_checkpoints()
+        if previous:
+            size = sum(f.stat().st_size for f in previous[-1].iterdir() if f.is_file())
+            what += f"; a checkpoint takes about {size / 1e6:,.0f} MB"
+        free = shutil.disk_usage(final.parent).free
+        what += f"{',' if previous else ';'} {free / 1e6:,.0f} MB are free. "
+        if previous:
+            what += "The previous checkpoint is intact: free space, then --resume"
+        else:
+            what += "No checkpoint was written yet: free space, then run again"
+        code = error.errno if isinstance(error, OSError) else None
+        return CheckpointWriteError(code, what) if code is not None else CheckpointWriteError(what)
 
     def prune(self) -> None:
         for old in self.run_dir.completed_checkpoints()[: -self.config.keep]:

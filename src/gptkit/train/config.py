@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from gptkit.config import check_choices, config_error
-from gptkit.hardware import AS_PRECISION
+from gptkit.hardware import Precision, canonical_precision
 
 
 @dataclass
@@ -61,7 +61,7 @@ class TrainConfig:
     beta2: float = field(default=0.999, metadata={"help": "Adam β2."})
     eps: float = field(default=1e-8, metadata={"help": "Adam ε."})
     grad_clip: float = field(default=1.0, metadata={"help": "Global gradient-norm clip (0 disables)."})
-    precision: Literal["auto", "fp32", "bf16", "float32", "bfloat16"] = field(
+    precision: Precision = field(
         default="auto",
         metadata={
             "help": "auto: bf16 autocast where the hardware computes bf16 natively (CUDA with bf16, a CPU "
@@ -105,7 +105,7 @@ class TrainConfig:
         def fail(name: str, problem: str) -> None:
             raise config_error(self, name, problem)
 
-        self.precision = AS_PRECISION.get(self.precision, self.precision)  # recorded as fp32 / bf16
+        self.precision = canonical_precision(self.precision)  # recorded as auto, fp32 or bf16
 
         for name in ("max_steps", "micro_batch_size", "checkpoint_every"):
             value = getattr(self, name)

@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 from tqdm import tqdm
 
-from gptkit.hardware import bf16_native, matmul_peak_flops, resolve_precision
+from gptkit.hardware import matmul_peak_flops, resolve_precision
 from gptkit.io import write_json
 from gptkit.train.budget import TimeBudget
 from gptkit.train.checkpointer import CheckpointConfig, Checkpointer, SaveModel, set_rng_state
@@ -69,11 +69,12 @@ def training_flops_per_token(model: nn.Module) -> float:
     return 6.0 * sum(p.numel() for p in model.parameters() if p.dim() >= 2)
 
 
-def autocast(precision: str, device: torch.device):
-    if precision == "bf16":
+def autocast(dtype: torch.dtype, device: torch.device):
+    """bf16 autocast for a bf16 training precision; fp32 runs as it is."""
+    if dtype == torch.bfloat16:
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    if precision != "fp32":
-        raise ValueError(f"precision must be fp32 or bf16, got {precision!r}")
+    if dtype != torch.float32:
+        raise ValueError(f"training precision must be torch.float32 or torch.bfloat16, got {dtype}")
     return contextlib.nullcontext()
 
 
@@ -132,6 +133,7 @@ class Trainer:
         self.metrics = MetricsLogger(self.run_dir, metrics_writers, enabled=self.ctx.is_main)
         self.step = 0
         self.tokens_seen = 0
+        self.precision = resolve_precision(config.precision, self.ctx.device, "training")
         self.optimizers = build_optimizers(
             unwrap(model),
             config.optimizer,
@@ -139,8 +141,8 @@ class Trainer:
             config.weight_decay,
             (config.beta1, config.beta2),
             config.eps,
-            # Muon's iteration in bf16 only where bf16 products are native (as training's autocast).
-            ns_dtype=torch.bfloat16 if bf16_native(self.ctx.device).native else torch.float32,
+            # Muon's iteration in the training precision: fp32 when asked for, even on bf16 hardware.
+            ns_dtype=self.precision.dtype,
             adamw_lr_scale=config.adamw_lr_scale,
         )
         per_rank = config.batch_size // self.ctx.world_size
@@ -154,7 +156,6 @@ class Trainer:
         if self.ctx.device.type == "cpu":
             keep_freed_memory()  # see gptkit.train.memory: a third of a CPU step otherwise
         self.last_metrics: dict[str, float] = {}
-        self.precision = resolve_precision(config.precision, self.ctx.device)
         self.flops_per_token = training_flops_per_token(unwrap(model))
         self.peak_flops: float | None = None  # measured when training starts (MFU's denominator)
         # The plan: updates to run and their warm-up. A time budget replaces it once the first
@@ -218,8 +219,7 @@ class Trainer:
         if ctx.is_main:
             print(f"precision: {self.precision.reason}; device: {ctx.device}", flush=True)
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            dtype = torch.bfloat16 if self.precision.value == "bf16" else torch.float32
-            self.peak_flops = matmul_peak_flops(ctx.device, dtype)
+            self.peak_flops = matmul_peak_flops(ctx.device, self.precision.dtype)
             for path in self.run_dir.sweep_debris():
                 print(f"removed {path.name}, left by an interrupted write", flush=True)
             if self.step == 0:  # records of a run that stopped before its first checkpoint go
@@ -322,7 +322,7 @@ class Trainer:
         return self.evaluation_seconds - before
 
     def _write_run_config(self) -> None:
-        resolved = {"precision": self.precision.value, "precision_reason": self.precision.reason}
+        resolved = {"precision": self.precision.name, "precision_reason": self.precision.reason}
         resolved.update(device=str(self.ctx.device), max_steps=self.max_steps, warmup_steps=self.warmup_steps)
         if self.plan:
             resolved["time_budget_plan"] = self.plan
@@ -357,7 +357,7 @@ class Trainer:
             }
             n_tokens += micro["input_ids"].numel()
             with gradient_sync(self.model, sync=i == len(micro_batches) - 1):
-                with autocast(self.precision.value, ctx.device):
+                with autocast(self.precision.dtype, ctx.device):
                     loss = self.forward(**micro).loss / len(micro_batches)
                 loss.backward()
             total_loss += loss.detach().float()
@@ -415,7 +415,7 @@ class Trainer:
         started = self.clock()
         was_training = self.model.training
         self.model.eval()
-        with torch.no_grad(), autocast(self.precision.value, self.ctx.device):
+        with torch.no_grad(), autocast(self.precision.dtype, self.ctx.device):
             metrics = self.evaluate(self.model)
         if self.after_evaluate is not None:
             self.after_evaluate(self.step, metrics, self.model)

@@ -77,9 +77,9 @@ class Muon(torch.optim.Optimizer):
     AdamW's update size (0.2·sqrt(max(rows, columns)), Moonshot's ``match_rms_adamw``), so that one
     learning rate and schedule serve both optimizers.
 
-    Unlike torch's, which always iterates in bf16, the iteration runs in ``ns_dtype``: bf16 where
-    the hardware multiplies it natively, fp32 elsewhere (on an AVX2-only CPU a bf16 product is
-    30-65x slower, which would make each update take seconds).
+    Unlike torch's, which always iterates in bf16, the iteration runs in ``ns_dtype``: the training
+    loop passes its resolved precision, bf16 only where autocast runs in bf16 (on an AVX2-only CPU a
+    bf16 product is 30-65x slower, which would make each update take seconds).
     """
 
     def __init__(

@@ -78,6 +78,11 @@ class RunDir:
     def checkpoint(self, step: int) -> Path:
         return self.checkpoints / f"step-{step:07d}"
 
+    @staticmethod
+    def step_of(checkpoint: Path) -> int:
+        """The number of updates a ``step-NNNNNNN`` checkpoint folder was written after."""
+        return int(checkpoint.name.removeprefix("step-"))
+
     def staging(self, final: Path) -> Path:
         """Where ``final`` is written before it is renamed into place: a hidden sibling."""
         return final.parent / f".{final.name}.tmp"
