@@ -309,8 +309,10 @@ def score_examples(
     run: Path, examples: list, device: str, seconds: float | None = None, limit: int | None = None
 ) -> list[int]:
     """:func:`correct_per_example` of the model in ``run`` on ``examples`` in order, a chunk at a time,
-    until ``seconds`` have passed (checked between chunks) or ``limit`` examples are scored."""
+    until ``seconds`` have passed (checked between chunks) or ``limit`` examples are scored. The
+    weights are bf16 where the hardware multiplies it natively (both sides alike), else fp32."""
     model = TaskModel.from_pretrained(run, device=device)
+    model = model.to(resolve_precision("auto", model.device, "scoring").dtype)
     end = len(examples) if limit is None else min(limit, len(examples))
     started, correct = time.perf_counter(), []
     for start in range(0, end, SCORE_CHUNK):
