@@ -348,6 +348,13 @@ def test_download_fetches_only_what_gptkit_reads_and_reports_what_the_hub_answer
         assert sorted(fake.fetched()) == sorted(wanted)
         assert (snapshot / "model.safetensors").read_bytes() == (folder / "model.safetensors").read_bytes()
 
+        # A download cut short, then fetched anew.
+        blob = (snapshot / "model.safetensors").resolve()
+        blob.write_bytes(blob.read_bytes()[:100])
+        damaged = _gptkit("convert", "gpt2", str(tmp_path / "converted"), env=env)
+        assert damaged.returncode == 2 and "gptkit download gpt2 --force-download" in damaged.stderr
+        assert _gptkit("download", "gpt2", "--force-download", env=env).returncode == 0
+        assert (snapshot / "model.safetensors").read_bytes() == (folder / "model.safetensors").read_bytes()
         unknown = _gptkit("download", "nobody/nothing", env=env)
         gated = _gptkit("download", "someone/gated", env=env)
         revision = _gptkit("download", "gpt2", "--revision", "v9", env=env)

@@ -212,9 +212,10 @@ def reading(source: str | os.PathLike) -> Iterator[Path]:
         # Only an error about a file of this folder (loaders name the file they could not read).
         if isinstance(e, HubError) or cached is None or str(directory) not in str(e):
             raise
+        where = "read from the cache" + (", the Hub switched off (HF_HUB_OFFLINE=1)" if _offline() else "")
         raise ValueError(
-            f"{source}: the cached copy of {cached.repo_id} is damaged ({_first_line(e)}); the Hub was not "
-            f"asked again: fetch it anew with `gptkit download {source} --force-download`"
+            f"{source}: the cached copy of {cached.repo_id} is damaged ({_first_line(e)}; {where}): the cache "
+            f"keeps a file once it holds it, so fetch it anew with `gptkit download {source} --force-download`"
         ) from e
 
 
