@@ -1,5 +1,5 @@
 """Time to quality: held-out bits per byte after fixed wall-clock budgets of pre-training on the
-demo's corpus, for the demo's recipe before issue 18 (``baseline``) and today's (``minutes``).
+demo's corpus, for an untuned recipe (``baseline``: GPT-2-small scaled down) and the demo's (``minutes``).
 
 Each (recipe, budget) is its own run, planned for its budget as `make demo` plans its 5 minutes
 (the schedule decays to 0 at the budget's end), in the precision the hardware picks. The recipes

@@ -59,7 +59,7 @@ BOOK_CHARS = 300_000
 
 
 def real_texts(data_dir) -> dict[str, list[str]]:
-    """Real text of every kind the issue names: books, Shakespeare, SST-2 and RTE sentences (of a
+    """Real text of every kind gptkit reads: books, Shakespeare, SST-2 and RTE sentences (of a
     book, up to its first 300,000 characters, front matter included: 1.6 MB in all)."""
     texts = {}
     for book in sorted((data_dir / "gutenberg").glob("*.txt")):
