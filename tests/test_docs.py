@@ -75,7 +75,8 @@ def test_every_documented_command_parses(path, line, command, capsys):
 def _anchors(path: Path) -> set[str]:
     """GitHub's anchors for a Markdown file's headings: lower case, punctuation dropped, spaces to '-'."""
     anchors = set()
-    for heading in re.findall(r"^#+\s+(.*)$", path.read_text(encoding="utf-8"), re.MULTILINE):
+    text = _FENCE.sub("", path.read_text(encoding="utf-8"))  # a code block's comments are not headings
+    for heading in re.findall(r"^#+\s+(.*)$", text, re.MULTILINE):
         anchors.add(re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-"))
     return anchors
 
