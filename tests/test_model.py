@@ -180,9 +180,15 @@ def test_sinusoidal_model_round_trips_and_transformers_agrees(tmp_path):
     [("gelu_tanh", lambda x: F.gelu(x, approximate="tanh")), ("gelu", F.gelu), ("relu", F.relu)],
 )
 def test_activation_option(activation, reference):
-    model = GPT(GPTConfig.from_preset("tiny", activation=activation))
-    x = torch.randn(4, 3)
-    torch.testing.assert_close(model.h[0].mlp.act(x), reference(x))
+    model = GPT(GPTConfig.from_preset("tiny", activation=activation)).eval()
+    mlp = model.h[0].mlp
+    x = torch.randn(4, model.config.d_model)
+    # The block's MLP, by hand: c_proj(activation(c_fc(x))).
+    expected = F.linear(
+        reference(F.linear(x, mlp.c_fc.weight, mlp.c_fc.bias)), mlp.c_proj.weight, mlp.c_proj.bias
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(mlp(x), expected)
 
 
 def test_initialisation_is_normal_002_and_gpt2_scales_residual_projections():
