@@ -198,7 +198,8 @@ def _split_file_values(data: dict[str, Any], *classes) -> list[dict[str, Any]]:
 
 
 def cmd_convert(config) -> None:
-    from gptkit.model.weights import convert_weights, hf_model_type
+    from gptkit.model.convert import convert_weights
+    from gptkit.model.weights import hf_model_type
 
     model = convert_weights(config)
     kind = hf_model_type(model.config)
@@ -368,7 +369,7 @@ def _commands() -> list[Command]:
     from gptkit.export import ExportConfig
     from gptkit.generation.text import GenerateConfig
     from gptkit.hub import DownloadConfig
-    from gptkit.model.weights import ConvertConfig
+    from gptkit.model.convert import ConvertConfig
     from gptkit.paper.figures import TransferConfig, ZeroshotCurveConfig
     from gptkit.paper.suite import SuiteConfig
     from gptkit.serve.config import ServeConfig

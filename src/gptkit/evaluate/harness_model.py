@@ -32,8 +32,7 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the install
     raise ImportError("gptkit harness needs lm-evaluation-harness: pip install 'gptkit[eval]'") from e
 
-from gptkit.evaluate.harness import DEFAULT_BATCH_SIZE
-from gptkit.evaluate.lm import continuation_scores
+from gptkit.evaluate.lm import DEFAULT_BATCH_SIZE, continuation_scores
 from gptkit.generation import SamplingParams, generate_text
 from gptkit.generation.text import start_ids
 from gptkit.hardware import Precision, resolve_device, resolve_precision

@@ -31,6 +31,8 @@ PAD_TO_MULTIPLE = 16
 # The most output-layer rows × vocabulary entries computed at once when scoring continuations or
 # perplexity windows (2^26 fp32 values: 256 MB), so that a large batch never holds all its logits.
 LOGIT_CHUNK_ELEMENTS = 2**26
+# Sequences per forward pass when scoring continuations, here and in lm-eval's runs (gptkit harness).
+DEFAULT_BATCH_SIZE = 32
 
 
 def strided_windows(n_tokens: int, context: int, stride: int) -> list[tuple[int, int, int]]:
@@ -207,7 +209,7 @@ class ContinuationScore(NamedTuple):
 
 @torch.no_grad()
 def continuation_scores(
-    model: GPT, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 32
+    model: GPT, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = DEFAULT_BATCH_SIZE
 ) -> list[ContinuationScore]:
     """continuation_logprob of every (prefix, continuation) pair, in order, many pairs per forward
     pass, and whether greedy decoding would have produced the continuation.
@@ -253,7 +255,7 @@ def continuation_scores(
 
 
 def continuation_logprobs(
-    model: GPT, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 32
+    model: GPT, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = DEFAULT_BATCH_SIZE
 ) -> list[tuple[float, int]]:
     """(Σ log P(continuation | prefix), tokens) of every pair: :func:`continuation_scores` without
     the greedy flag."""
