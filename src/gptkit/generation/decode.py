@@ -1,8 +1,8 @@
 """Autoregressive decoding with a KV cache: token ids in, token ids out, one step at a time.
 
 The prompt is run through the model once, filling the cache; each further step feeds one token and
-picks the next with :func:`gptkit.generation.sampling.sample`. Rows of a batch may have prompts of
-different lengths: they are left-padded and masked.
+picks the next with :class:`gptkit.generation.sampling.DecodeStep`, the step the server takes too.
+Rows of a batch may have prompts of different lengths: they are left-padded and masked.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from gptkit.generation.sampling import SamplingParams, sample, sampling_params
+from gptkit.generation.sampling import DecodeStep, SamplingParams, sampling_params
 from gptkit.model import GPT, KVCache
 
 
@@ -27,6 +27,7 @@ def stream_ids(
     attention_mask: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     use_cache: bool = True,
+    step: DecodeStep | None = None,
     **settings,
 ) -> Iterator[torch.Tensor]:
     """Yield the next token of every row, (B,), one step at a time.
@@ -53,8 +54,6 @@ def stream_ids(
             f"prompt of {T} tokens + {max_new_tokens} new tokens exceeds the model's context of {limit}; "
             f"shorten the prompt to at most {max(limit - max_new_tokens, 0)} tokens or ask for fewer new tokens"
         )
-    stop_ids = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or []))
-    stop_ids = stop_ids.to(input_ids.device)
     finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
 
     was_training = model.training
@@ -69,11 +68,11 @@ def stream_ids(
                 step_input = sequence
             logits = model(step_input, attention_mask=mask, cache=cache).logits[:, -1, :]
             previous = sequence if params.repetition_penalty != 1.0 else None
-            next_ids = sample(logits, params, generator, previous)
+            next_ids, ends = step(logits, params, generator, previous)
             next_ids = torch.where(finished, torch.full_like(next_ids, pad_token_id), next_ids)
             yield next_ids
-            if stop_ids.numel():
-                finished |= torch.isin(next_ids, stop_ids)
+            if step.end_ids:
+                finished |= ends
                 if bool(finished.all()):
                     return
             sequence = torch.cat([sequence, next_ids[:, None]], dim=1)
@@ -94,8 +93,8 @@ def generate(
     """Decode up to ``max_new_tokens`` tokens after ``input_ids`` (B, T); returns (B, T + N).
 
     N is ``max_new_tokens`` unless every row hit ``eos_token_id`` sooner. ``params`` and the keyword
-    arguments are those of :func:`stream_ids` (``temperature``, ``top_k``, ``top_p``, ...; greedy
-    unless a temperature is given).
+    arguments are those of :func:`stream_ids` (``temperature``, ``top_k``, ``top_p``, ...;
+    :class:`SamplingParams`' defaults otherwise: ``temperature=0`` for greedy).
     """
     steps = list(stream_ids(model, input_ids, max_new_tokens, params, **kwargs))
     if not steps:
