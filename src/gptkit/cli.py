@@ -130,7 +130,8 @@ def dataclass_from_args(
 ):
     """Defaults (the ``defaults`` instance's values, when given), then values from the config file,
     then explicit flags. A field that is itself a config is built the same way, from its default
-    instance: ``GenerateConfig().sampling`` starts at 50 tokens, not SamplingParams' 16."""
+    instance: the containing config's default for that field, which may differ from the nested
+    class's own defaults."""
     fields = dataclasses.fields(cls)
     values = {} if defaults is None else {f.name: getattr(defaults, f.name) for f in fields}
     values.update(file_values or {})

@@ -281,8 +281,8 @@ class Engine:
             cache=self.cache,
         ).logits[:, -1, :]  # (rows, V)
         self.steps += 1
-        # Masked once for the whole batch, so that the log-probabilities reported are those of the
-        # tokens that may be chosen (the step's own mask then finds nothing more to do).
+        # Masked for the whole batch here, so that the log-probabilities reported are those of the
+        # tokens that may be chosen; the step masks each row again (the same ids, already -inf).
         logits = self.decode_step.mask(logits)
         wants_logprobs = [r.params.logprobs is not None for r in self._running]
         logprobs = self._log_softmax(logits) if any(wants_logprobs) else None
