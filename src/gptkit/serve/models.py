@@ -302,7 +302,8 @@ def classify_mixed(
     sequences = [sequence for _, example in items for sequence in example.sequences]
     h_n: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
     lengths = [len(sequence) for sequence in sequences]
-    for indices in length_batches(lengths, len(sequences), slack=PADDING_SLACK):
+    # All in one pass unless the padding would cost too much (at least 1: an empty batch has no size).
+    for indices in length_batches(lengths, max(len(sequences), 1), slack=PADDING_SLACK):
         with adapters.per_row([owners[i] for i in indices]) as gpt:
             hidden = last_hidden_states(gpt, [sequences[i] for i in indices])
         for i, h in zip(indices, hidden):
