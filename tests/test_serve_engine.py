@@ -111,10 +111,12 @@ def test_logprobs_tokens_add_up_to_the_text_and_offsets_index_it(data_dir, vocab
     assert (
         len(logprobs["tokens"]) == len(logprobs["text_offset"]) == len(ids) == len(logprobs["token_logprobs"])
     )
+    # Offsets count in the prompt followed by the completion, whether the prompt is echoed or not.
+    full = text if echo else prompt + text
     start = 0 if echo else len(prompt)
-    assert text[start:] == "".join(logprobs["tokens"])
+    assert full[start:] == "".join(logprobs["tokens"])
     for token, offset in zip(logprobs["tokens"], logprobs["text_offset"]):
-        assert offset == start and text[offset : offset + len(token)] == token
+        assert offset == start and full[offset : offset + len(token)] == token
         start += len(token)
     # Each token has its own text (a few may wait for the next one), not all of it on the last.
     assert sum(1 for token in logprobs["tokens"] if token) >= len(ids) - 4

@@ -22,8 +22,9 @@ PADDING_SLACK = 1.25
 
 def padded_length(longest: int, max_length: int | None = None, multiple: int = PAD_TO_MULTIPLE) -> int:
     """``longest`` rounded up to a multiple of ``multiple``, but never past ``max_length`` (the
-    model's context) unless ``longest`` itself is."""
-    return max(longest, min(-(-longest // multiple) * multiple, max_length or longest))
+    model's context; None: no limit) unless ``longest`` itself is."""
+    rounded = -(-longest // multiple) * multiple
+    return max(longest, rounded if max_length is None else min(rounded, max_length))
 
 
 def pad_right(

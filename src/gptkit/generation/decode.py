@@ -33,11 +33,17 @@ def stream_ids(
     """Yield the next token of every row, (B,), one step at a time.
 
     How tokens are chosen: ``params``, or :class:`SamplingParams`' fields as keywords (``temperature``,
-    ``top_k``, ``top_p``, ``repetition_penalty``; none given: greedy). ``max_new_tokens`` overrides
-    ``params.max_tokens``. ``generator`` (default: one seeded with ``params.seed``, if any) draws the
-    samples. Rows that produced an end token yield ``pad_token_id`` afterwards; the iteration stops
-    when every row has ended or after ``max_tokens`` steps. Stop strings are the text functions' job.
+    ``top_k``, ``top_p``, ``repetition_penalty``; their defaults otherwise). ``max_new_tokens``
+    overrides ``params.max_tokens``. ``generator`` (default: one seeded with ``params.seed``, if any)
+    draws the samples. Which ids may be chosen and which end a row: ``step`` (the text functions'
+    masks what their tokenizer cannot decode), or ``eos_token_id`` (one id or several; every id may
+    be chosen). Rows that produced an end token yield ``pad_token_id`` afterwards; the iteration
+    stops when every row has ended or after ``max_tokens`` steps. Stop strings are the text
+    functions' job.
     """
+    if step is not None and eos_token_id is not None:
+        raise TypeError("give step or eos_token_id, not both (a DecodeStep holds its end ids)")
+    step = step or DecodeStep.for_ids(eos_token_id)
     params = sampling_params(params, max_new_tokens, **settings)
     max_new_tokens = params.max_tokens
     if generator is None:
