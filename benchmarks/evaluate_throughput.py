@@ -35,11 +35,12 @@ import torch
 from common import DATA, TIME_LIMIT_S, MeasurementTimeout, comparison, emit, median, skipped, time_limit
 
 from gptkit import GPT
+from gptkit.data.batching import PAD_TO_MULTIPLE
 from gptkit.data.readers import read_dataset
 from gptkit.data.tasks import TaskSpec, collate, encode_examples, special_token_ids
 from gptkit.evaluate import lm
 from gptkit.hardware import bf16_native
-from gptkit.model.task import PAD_TO_MULTIPLE, TaskModel
+from gptkit.model.task import TaskModel
 from gptkit.tokenizer import Tokenizer
 
 REPEATS = 3

@@ -116,7 +116,7 @@ def onnxruntime_row(model: GPT, decoder: GPT, prompt: torch.Tensor, directory: s
     return compare(
         what,
         peer,
-        lambda: generate(decoder, prompt, NEW),
+        lambda: generate(decoder, prompt, NEW, temperature=0),
         lambda: onnxruntime_greedy(session, model.config, prompt),
         True,
     )[0]
@@ -194,7 +194,11 @@ def main() -> None:
 
         name = "GPT2LMHeadModel (KV cache), fp32"
         row, _ = compare(
-            "greedy new tok/s, GPT-2 small, fp32", name, lambda: generate(ours, prompt, NEW), peer, True
+            "greedy new tok/s, GPT-2 small, fp32",
+            name,
+            lambda: generate(ours, prompt, NEW, temperature=0),
+            peer,
+            True,
         )
         comparisons.append(row)
 
@@ -203,7 +207,9 @@ def main() -> None:
             if unavailable:
                 return skipped(what, "tok/s", name, unavailable), None
             model = build()
-            return compare(what, name, lambda: generate(model, prompt, NEW), peer, same_ids)[0], model
+            return compare(what, name, lambda: generate(model, prompt, NEW, temperature=0), peer, same_ids)[
+                0
+            ], model
 
         on_cpu = None if DEVICE == "cpu" else "a CPU format: gptkit uses it on CPUs only"
         # What `gptkit generate` and load_for_generation run in fp32 on a CPU: the same values, in
@@ -219,7 +225,7 @@ def main() -> None:
         row, _ = compare(
             "greedy new tok/s, GPT-2 small, gptkit bf16 weights",
             name,
-            lambda: generate(ours_bf16, prompt, NEW),
+            lambda: generate(ours_bf16, prompt, NEW, temperature=0),
             peer,
             False,
         )
@@ -271,7 +277,11 @@ def main() -> None:
 
         name = "OpenAIGPTLMHeadModel (no cache), fp32"
         row, peer_tps = compare(
-            "greedy new tok/s, GPT-1, fp32", name, lambda: generate(ours, prompt, NEW), peer, True
+            "greedy new tok/s, GPT-1, fp32",
+            name,
+            lambda: generate(ours, prompt, NEW, temperature=0),
+            peer,
+            True,
         )
         comparisons.append(row)
         ours_bf16 = GPT.from_pretrained(tmp, dtype=torch.bfloat16, device=DEVICE)
@@ -280,7 +290,9 @@ def main() -> None:
             comparisons.append(skipped(what, "tok/s", name, "the fp32 peer's measurement was skipped"))
         else:  # against the fp32 peer measured above, which is slow to run again
             try:
-                bf16_tps, _, _, _ = measure(lambda: generate(ours_bf16, prompt, NEW), lambda: None)
+                bf16_tps, _, _, _ = measure(
+                    lambda: generate(ours_bf16, prompt, NEW, temperature=0), lambda: None
+                )
                 comparisons.append(comparison(what, "tok/s", bf16_tps, name, peer_tps))
             except MeasurementTimeout as e:
                 comparisons.append(skipped(what, "tok/s", name, f"the measurement {e}"))

@@ -261,7 +261,9 @@ def measure(server: Server, model_dir: Path) -> dict:
         return out[0, len(ids) :].tolist()
 
     def ours_decode(ids: list[int]) -> list[int]:
-        return generate(ours, torch.tensor([ids]), NEW_TOKENS, eos_token_id=EOS)[0, len(ids) :].tolist()
+        return generate(ours, torch.tensor([ids]), NEW_TOKENS, temperature=0, eos_token_id=EOS)[
+            0, len(ids) :
+        ].tolist()
 
     served_text = asyncio.run(first_text(server, PROMPTS[0]))  # also the server's warm-up
     peer_ids = peer_decode(prompts[0])

@@ -412,8 +412,9 @@ def test_flags_come_from_the_library_configs_nested_and_deprecated(capsys):
 
 
 def test_generate_flags_fill_the_sampling_params_inside_its_config(capsys):
-    """GenerateConfig holds a SamplingParams whose default instance (50 tokens) gives the flags'
-    defaults; repeated --stop makes a tuple; the old spellings still set the same fields."""
+    """GenerateConfig holds a SamplingParams whose defaults (its own, the only ones: 16 tokens at
+    temperature 1) are the flags' defaults; repeated --stop makes a tuple; the old spellings still
+    set the same fields."""
     from gptkit.cli import _build_configs, build_parser
     from gptkit.generation import SamplingParams
 
@@ -424,9 +425,9 @@ def test_generate_flags_fill_the_sampling_params_inside_its_config(capsys):
         (config,) = _build_configs(args.command_spec, args)
         return config.sampling
 
-    assert sampling() == SamplingParams(max_tokens=50, temperature=1.0)
+    assert sampling() == SamplingParams(max_tokens=16, temperature=1.0)
     assert sampling("--stop", "a", "--stop", "b", "--top-k", "3", "--seed", "4") == SamplingParams(
-        max_tokens=50, stop=("a", "b"), top_k=3, seed=4
+        max_tokens=16, stop=("a", "b"), top_k=3, seed=4
     )
     assert capsys.readouterr().err == ""
     assert sampling("--max-new-tokens", "7", "--greedy") == SamplingParams(max_tokens=7, temperature=0.0)
@@ -436,7 +437,7 @@ def test_generate_flags_fill_the_sampling_params_inside_its_config(capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["generate", "--help"])
     page = " ".join(capsys.readouterr().out.split())
-    assert "Tokens to generate per sample. (default: 50)" in page and "--logprobs" not in page
+    assert "Tokens to generate per sample. (default: 16)" in page and "--logprobs" not in page
     assert "--max-new-tokens" not in page and "Deprecated spelling of --temperature 0." in page
 
 

@@ -24,10 +24,8 @@ from gptkit.io import read_json, read_train_state
 from gptkit.model.weights import (
     PYTORCH_NAME,
     SAFETENSORS_NAME,
-    load_openai_release,
-    load_pretrained,
+    read_openai_release,
     read_state_dict,
-    save_pretrained,
     state_dict_to_hf,
 )
 from gptkit.tokenizer import Tokenizer
@@ -48,7 +46,7 @@ def truncate(path: Path, fraction: float = 0.5) -> None:
 def model_dir(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("model")
     torch.manual_seed(0)
-    save_pretrained(GPT(GPTConfig.from_preset("tiny")), directory)
+    GPT(GPTConfig.from_preset("tiny")).save_pretrained(directory)
     return directory
 
 
@@ -96,7 +94,7 @@ def edit_json(path: Path, edit) -> None:
 
 def test_undamaged_fixtures_load(model, shards, tokenizer):
     """The damage below is all that is wrong: the files as written load."""
-    assert load_pretrained(model).config == GPTConfig.from_preset("tiny")
+    assert GPT.from_pretrained(model).config == GPTConfig.from_preset("tiny")
     assert len(TokenShard.open(shards, "train").tokens) > 0
     assert Tokenizer.from_pretrained(tokenizer).encode("hello") == [31373]
 
@@ -105,7 +103,7 @@ def test_truncated_safetensors(model):
     truncate(model / SAFETENSORS_NAME)
     path = str(model / SAFETENSORS_NAME)
     with pytest.raises(ValueError, match="truncated or not a safetensors file") as error:
-        load_pretrained(model)
+        GPT.from_pretrained(model)
     assert path in str(error.value) and "re-download or re-save" in str(error.value)
     with pytest.raises(ValueError, match="truncated or not a safetensors file") as error:
         read_state_dict(model)
@@ -115,7 +113,7 @@ def test_truncated_safetensors(model):
 def test_garbage_safetensors(model):
     (model / SAFETENSORS_NAME).write_bytes(b"<html>404 Not Found</html>\n" * 40)
     with pytest.raises(ValueError, match="not a safetensors file") as error:
-        load_pretrained(model)
+        GPT.from_pretrained(model)
     assert str(model / SAFETENSORS_NAME) in str(error.value)
 
 
@@ -124,10 +122,10 @@ def test_truncated_pytorch_model_bin(model):
     state = state_dict_to_hf(config, GPT(config).state_dict())
     (model / SAFETENSORS_NAME).unlink()
     torch.save(state, model / PYTORCH_NAME)
-    assert load_pretrained(model).config == config  # undamaged, it loads
+    assert GPT.from_pretrained(model).config == config  # undamaged, it loads
     truncate(model / PYTORCH_NAME)
     with pytest.raises(ValueError, match="truncated") as error:
-        load_pretrained(model)
+        GPT.from_pretrained(model)
     assert str(model / PYTORCH_NAME) in str(error.value)
     assert "\n" not in str(error.value)  # torch's own message runs over several lines
 
@@ -136,7 +134,7 @@ def test_pytorch_model_bin_of_objects_is_refused(model):
     (model / SAFETENSORS_NAME).unlink()
     torch.save({"weights": GPTConfig()}, model / PYTORCH_NAME)  # a pickled object, not tensors
     with pytest.raises(ValueError, match="Python objects other than tensors") as error:
-        load_pretrained(model)
+        GPT.from_pretrained(model)
     assert str(model / PYTORCH_NAME) in str(error.value) and "\n" not in str(error.value)
 
 
@@ -164,14 +162,14 @@ def test_truncated_openai_release_params(tmp_path):
     config = GPTConfig.from_preset("tiny", n_head=12, d_model=48)
     release = tmp_path / "release"
     write_openai_release(release, config)
-    assert load_openai_release(release).config.d_model == 48  # undamaged, it loads
+    assert GPT.from_pretrained(release).config.d_model == 48  # undamaged, it loads
     truncate(release / "params_1.npy")
     with pytest.raises(ValueError, match="truncated") as error:
-        load_openai_release(release)
+        read_openai_release(release)
     assert str(release / "params_1.npy") in str(error.value)
     (release / "params_1.npy").unlink()
     with pytest.raises(FileNotFoundError, match="params_1.npy missing"):
-        load_openai_release(release)
+        read_openai_release(release)
 
 
 # config.json -------------------------------------------------------------------------------------
@@ -180,22 +178,45 @@ def test_truncated_openai_release_params(tmp_path):
 def test_truncated_config_json(model):
     truncate(model / "config.json")
     with pytest.raises(ValueError, match="truncated") as error:
-        load_pretrained(model)
+        GPT.from_pretrained(model)
     assert str(model / "config.json") in str(error.value)
 
 
 def test_config_json_that_is_not_an_object(model):
     (model / "config.json").write_text("[1, 2, 3]\n")
     with pytest.raises(ValueError, match="expected a JSON object") as error:
-        load_pretrained(model)
+        GPT.from_pretrained(model)
     assert str(model / "config.json") in str(error.value)
 
 
 def test_config_json_with_an_invalid_gptkit_block(model):
     edit_json(model / "config.json", lambda config: config["gptkit"].update(n_head=5))
     with pytest.raises(ValueError, match="'gptkit' block is invalid: d_model") as error:
-        load_pretrained(model)
+        GPT.from_pretrained(model)
     assert str(model / "config.json") in str(error.value)
+
+
+def test_config_json_that_does_not_fit_the_weights(model):
+    """A config edited to another shape (both its blocks, so they agree): the error names the weights
+    file and what does not fit."""
+
+    def reshape(**fields: int):
+        hf_names = {"n_layer": "n_layer", "d_model": "n_embd"}
+
+        def edit(config: dict) -> None:
+            config["gptkit"].update(fields)
+            config.update({hf_names[name]: value for name, value in fields.items()})
+
+        return edit
+
+    edit_json(model / "config.json", reshape(n_layer=3))
+    with pytest.raises(ValueError, match="parameters do not match the config; missing: h.2.") as error:
+        GPT.from_pretrained(model)
+    assert str(model / SAFETENSORS_NAME) in str(error.value)
+    edit_json(model / "config.json", reshape(n_layer=2, d_model=64))
+    with pytest.raises(ValueError, match=r"has shape \([\d, ]+\), the config expects \([\d, ]+\)") as error:
+        GPT.from_pretrained(model)
+    assert str(model / SAFETENSORS_NAME) in str(error.value)
 
 
 def test_config_json_hf_fields_disagreeing_with_gptkit_block_warn(model):
@@ -205,7 +226,7 @@ def test_config_json_hf_fields_disagreeing_with_gptkit_block_warn(model):
 
     edit_json(model / "config.json", hand_edit)
     with pytest.warns(UserWarning) as record:
-        loaded = load_pretrained(model)
+        loaded = GPT.from_pretrained(model)
     assert len(record) == 1
     message = str(record[0].message)
     assert str(model / "config.json") in message
@@ -219,7 +240,7 @@ def test_config_json_hf_fields_disagreeing_with_gptkit_block_warn(model):
 def test_agreeing_config_json_does_not_warn(model):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        load_pretrained(model)
+        GPT.from_pretrained(model)
 
 
 # Token shards ------------------------------------------------------------------------------------

@@ -77,14 +77,14 @@ def test_similarity_head_adds_the_two_orders():
 
 
 def test_inference_runs_batches_of_similar_length_and_answers_in_the_callers_order():
+    from gptkit.data.batching import PADDING_SLACK, length_batches
     from gptkit.data.tasks import EncodedExample
-    from gptkit.model.task import length_batches
 
     lengths = [5, 30, 6, 28, 7, 29]
     examples = [EncodedExample([[(i * 7 + j) % 100 for j in range(n)]], None) for i, n in enumerate(lengths)]
     # Shortest first; 28 after 5, 6, 7 would pad 4 × 28 = 112 tokens for 46 real ones (> 1.25×).
-    assert length_batches(examples, batch_size=4) == [[0, 2, 4], [3, 5, 1]]
-    assert length_batches(examples, batch_size=2) == [[0, 2], [4], [3, 5], [1]]
+    assert length_batches(lengths, batch_size=4, slack=PADDING_SLACK) == [[0, 2, 4], [3, 5, 1]]
+    assert length_batches(lengths, batch_size=2, slack=PADDING_SLACK) == [[0, 2], [4], [3, 5], [1]]
     model = TaskModel(tiny_gpt(), TaskSpec("classification", labels=["no", "yes"], specials=SPECIALS))
     one_by_one = torch.cat([model.logits([e], batch_size=1) for e in examples])
     by_hand = torch.stack(

@@ -29,8 +29,8 @@ def test_cached_decoding_equals_full_recomputation(ln_position):
             next_ids = logits.argmax(-1, keepdim=True)
             sequence = torch.cat([sequence, next_ids], dim=1)
             logits = model(next_ids, cache=cache).logits[:, -1]
-    assert torch.equal(generate(model, prompt, 20), sequence)
-    assert torch.equal(generate(model, prompt, 20, use_cache=False), sequence)
+    assert torch.equal(generate(model, prompt, 20, temperature=0), sequence)
+    assert torch.equal(generate(model, prompt, 20, temperature=0, use_cache=False), sequence)
 
 
 @pytest.mark.parametrize("ln_position", ["post", "pre"])
@@ -58,7 +58,7 @@ def test_greedy_ids_equal_transformers_gpt2(tmp_path):
     expected = reference.generate(
         prompt, max_new_tokens=30, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(prompt)
     )
-    assert torch.equal(generate(ours, prompt, 30), expected)
+    assert torch.equal(generate(ours, prompt, 30, temperature=0), expected)
 
 
 def test_left_padded_batch_equals_one_at_a_time():
@@ -66,9 +66,9 @@ def test_left_padded_batch_equals_one_at_a_time():
     short, long = torch.randint(0, 512, (1, 4)), torch.randint(0, 512, (1, 9))
     batch = torch.cat([torch.cat([torch.zeros(1, 5, dtype=torch.long), short], 1), long])
     mask = torch.tensor([[0] * 5 + [1] * 4, [1] * 9])
-    out = generate(model, batch, 12, attention_mask=mask)
-    assert torch.equal(out[0, 5:], generate(model, short, 12)[0])
-    assert torch.equal(out[1], generate(model, long, 12)[0])
+    out = generate(model, batch, 12, temperature=0, attention_mask=mask)
+    assert torch.equal(out[0, 5:], generate(model, short, 12, temperature=0)[0])
+    assert torch.equal(out[1], generate(model, long, 12, temperature=0)[0])
 
 
 def test_top_k_and_top_p_never_sample_outside_the_allowed_set():
@@ -107,15 +107,15 @@ def test_sampling_is_reproducible_with_a_seed_and_low_temperature_is_greedy():
 
     assert torch.equal(sampled(3), sampled(3))
     assert not torch.equal(sampled(3), sampled(4))
-    assert torch.equal(sampled(3, temperature=1e-4), generate(model, prompt, 15))
+    assert torch.equal(sampled(3, temperature=1e-4), generate(model, prompt, 15, temperature=0))
 
 
 def test_end_token_stops_rows_and_pads_them():
     model = tiny("pre")
     prompt = torch.randint(0, 512, (2, 4))
-    greedy = generate(model, prompt, 10)
+    greedy = generate(model, prompt, 10, temperature=0)
     first_new = int(greedy[0, 4])
-    out = generate(model, prompt, 10, eos_token_id=first_new, pad_token_id=511)
+    out = generate(model, prompt, 10, temperature=0, eos_token_id=first_new, pad_token_id=511)
     assert out[0, 4] == first_new and (out[0, 5:] == 511).all()
 
 
@@ -131,14 +131,16 @@ def test_streamed_text_equals_generated_text_and_stops(data_dir):
         vocab_size=50257, context_length=64, n_layer=1, n_head=2, d_model=16, ln_position="pre", dropout=0.0
     )
     model = GPT(config).eval()
-    pieces = list(stream_text(model, tokenizer, "Once upon a time", max_new_tokens=20))
+    pieces = list(stream_text(model, tokenizer, "Once upon a time", max_new_tokens=20, temperature=0))
     assert len(pieces) > 1
-    [whole] = generate_text(model, tokenizer, ["Once upon a time"], max_new_tokens=20)
+    [whole] = generate_text(model, tokenizer, ["Once upon a time"], max_new_tokens=20, temperature=0)
     assert "".join(pieces) == whole
     # One prompt as a string is one prompt (not one per character), and gives a string.
-    assert generate_text(model, tokenizer, "Once upon a time", max_new_tokens=20) == whole
+    assert generate_text(model, tokenizer, "Once upon a time", max_new_tokens=20, temperature=0) == whole
     stop = whole[3:6]
-    stopped = "".join(stream_text(model, tokenizer, "Once upon a time", max_new_tokens=20, stop=[stop]))
+    stopped = "".join(
+        stream_text(model, tokenizer, "Once upon a time", max_new_tokens=20, temperature=0, stop=[stop])
+    )
     assert stopped == whole[: whole.find(stop)]
     with pytest.warns(UserWarning, match="left-truncated"):
         list(stream_text(model, tokenizer, "word " * 100, max_new_tokens=4))
@@ -173,3 +175,35 @@ def test_streamed_gpt1_text_is_the_whole_text_even_when_joining_rewrites_its_end
     assert "well-known" in full or "didn't" in full
     stopped = "".join(stream_text(model, tokenizer, "so", max_new_tokens=len(scripted), stop=[","]))
     assert stopped == full[len("so") :].split(",")[0]
+
+
+def test_the_decode_step_masks_ids_without_text_and_ends_at_its_end_ids():
+    from gptkit.generation import DecodeStep
+
+    logits = torch.tensor([[0.0, 3.0, 1.0, 9.0], [2.0, 0.0, 1.0, 9.0]])
+    greedy = SamplingParams(temperature=0)
+    ids, ends = DecodeStep(n_choosable=3, end_ids=(1,))(logits, greedy)
+    assert ids.tolist() == [1, 0] and ends.tolist() == [True, False]  # id 3 is never chosen
+    assert logits[0, 3] == 9.0  # the caller's logits are left alone
+    ids, ends = DecodeStep.for_ids([0, 3])(logits, greedy)  # no mask: every id may be chosen
+    assert ids.tolist() == [3, 3] and ends.tolist() == [True, True]
+
+
+def test_the_text_functions_decode_step_follows_the_tokenizer(data_dir):
+    from gptkit.generation import DecodeStep
+
+    tokenizer = Tokenizer.from_pretrained(data_dir / "gpt2_bpe")
+    assert DecodeStep.for_tokenizer(50257 + 3, tokenizer) == DecodeStep(50257, (50256,))
+    assert DecodeStep.for_tokenizer(1000, tokenizer) == DecodeStep(1000, ())  # no row for <|endoftext|>
+    gpt1 = Tokenizer.from_pretrained(data_dir / "gpt1_bpe")
+    assert DecodeStep.for_tokenizer(len(gpt1), gpt1) == DecodeStep(len(gpt1), ())
+
+
+def test_defaults_are_sampling_params_alone():
+    """Every door that is given no setting decodes with SamplingParams()'s."""
+    from gptkit.generation.sampling import sampling_params
+    from gptkit.generation.text import GenerateConfig
+
+    assert sampling_params() == SamplingParams()
+    assert sampling_params(max_tokens=5) == SamplingParams(max_tokens=5)
+    assert GenerateConfig(model="m").sampling == SamplingParams()

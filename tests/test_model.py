@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from gptkit import GPT, GPTConfig
 from gptkit.model import fused_next_token_loss
-from gptkit.model.weights import load_openai_release
+from gptkit.model.weights import read_openai_release
 
 transformers = pytest.importorskip("transformers")
 
@@ -364,10 +364,10 @@ def test_release_layout_matches_the_real_params_shapes(data_dir):
 def test_openai_release_errors(tmp_path):
     (tmp_path / "params_shapes.json").write_text("[[4, 8], [10, 8]]")
     with pytest.raises(FileNotFoundError, match="params_"):
-        load_openai_release(tmp_path, n_head=2)
+        read_openai_release(tmp_path, n_head=2)
     np.save(tmp_path / "params_0.npy", np.zeros(5, dtype=np.float32))
     with pytest.raises(ValueError, match="hold 5 numbers.*describes 112"):
-        load_openai_release(tmp_path, n_head=2)
+        read_openai_release(tmp_path, n_head=2)
 
 
 def test_bad_directories_get_clear_errors(tmp_path):

@@ -172,7 +172,8 @@ def greedy_ids(reference, prompt: str, max_tokens: int) -> list[int]:
     model, tokenizer = reference
     ids = tokenizer.encode(prompt)
     with one_thread():
-        out = generate(model, torch.tensor([ids]), max_tokens, eos_token_id=50256)[0, len(ids) :].tolist()
+        out = generate(model, torch.tensor([ids]), max_tokens, temperature=0, eos_token_id=50256)
+    out = out[0, len(ids) :].tolist()
     return out[: out.index(50256)] if 50256 in out else out
 
 

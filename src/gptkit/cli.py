@@ -130,7 +130,8 @@ def dataclass_from_args(
 ):
     """Defaults (the ``defaults`` instance's values, when given), then values from the config file,
     then explicit flags. A field that is itself a config is built the same way, from its default
-    instance: ``GenerateConfig().sampling`` starts at 50 tokens, not SamplingParams' 16."""
+    instance: the containing config's default for that field, which may differ from the nested
+    class's own defaults."""
     fields = dataclasses.fields(cls)
     values = {} if defaults is None else {f.name: getattr(defaults, f.name) for f in fields}
     values.update(file_values or {})
@@ -198,7 +199,8 @@ def _split_file_values(data: dict[str, Any], *classes) -> list[dict[str, Any]]:
 
 
 def cmd_convert(config) -> None:
-    from gptkit.model.weights import convert_weights, hf_model_type
+    from gptkit.model.convert import convert_weights
+    from gptkit.model.weights import hf_model_type
 
     model = convert_weights(config)
     kind = hf_model_type(model.config)
@@ -368,7 +370,7 @@ def _commands() -> list[Command]:
     from gptkit.export import ExportConfig
     from gptkit.generation.text import GenerateConfig
     from gptkit.hub import DownloadConfig
-    from gptkit.model.weights import ConvertConfig
+    from gptkit.model.convert import ConvertConfig
     from gptkit.paper.figures import TransferConfig, ZeroshotCurveConfig
     from gptkit.paper.suite import SuiteConfig
     from gptkit.serve.config import ServeConfig

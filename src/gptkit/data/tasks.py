@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from gptkit.config import IGNORE_INDEX
+from gptkit.data.batching import padded_length
 from gptkit.data.metrics import classification_metrics, regression_metrics
 from gptkit.data.readers import TASKS, DataError, Example, _check_text
 from gptkit.tokenizer import GPT1_SPECIAL_TOKENS, Tokenizer
@@ -207,15 +208,14 @@ def collate(
     """Right-pad into (N, C, T): with causal attention no real token ever sees the padding.
 
     ``lm_labels`` hold -100 on padding; ``clf_positions`` index each sequence's ``<e>`` token.
-    ``pad_to_multiple`` rounds T up (never past ``max_length``): CPU matrix libraries prepare their
-    kernels per shape, measured at seconds for each new shape, so a few lengths beat many.
+    ``pad_to_multiple`` rounds T up (never past ``max_length``), as
+    :func:`gptkit.data.batching.padded_length` does for every batch.
     """
     n_seq = {len(e.sequences) for e in batch}
     if len(n_seq) != 1:
         raise ValueError(f"examples in a batch have different numbers of sequences: {sorted(n_seq)}")
     (C,) = n_seq
-    T = max(len(s) for e in batch for s in e.sequences)
-    T = max(T, min(-(-T // pad_to_multiple) * pad_to_multiple, max_length or T))
+    T = padded_length(max(len(s) for e in batch for s in e.sequences), max_length, pad_to_multiple)
     input_ids = torch.zeros(len(batch), C, T, dtype=torch.long)
     lm_labels = torch.full((len(batch), C, T), IGNORE_INDEX, dtype=torch.long)
     clf_positions = torch.zeros(len(batch), C, dtype=torch.long)

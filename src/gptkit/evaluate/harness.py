@@ -13,9 +13,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gptkit.evaluate.lm import DEFAULT_BATCH_SIZE
 from gptkit.hardware import DEVICE_HELP, Precision
 
-DEFAULT_BATCH_SIZE = 32
 SEED = 1234  # lm-eval's own default seed, for the few-shot examples and sampled generations
 
 

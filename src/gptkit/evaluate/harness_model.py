@@ -32,8 +32,8 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the install
     raise ImportError("gptkit harness needs lm-evaluation-harness: pip install 'gptkit[eval]'") from e
 
-from gptkit.evaluate.harness import DEFAULT_BATCH_SIZE
-from gptkit.evaluate.lm import continuation_scores
+from gptkit.data.batching import length_batches
+from gptkit.evaluate.lm import DEFAULT_BATCH_SIZE, continuation_scores
 from gptkit.generation import SamplingParams, generate_text
 from gptkit.generation.text import start_ids
 from gptkit.hardware import Precision, resolve_device, resolve_precision
@@ -142,9 +142,9 @@ class GptkitLM(TemplateLM):
         results = [""] * len(requests)
         for indices in groups.values():
             params = self.sampling_params(requests[indices[0]].args[1])
-            indices.sort(key=lambda i: -len(requests[i].args[0]))
-            for begin in range(0, len(indices), self.batch_size):
-                batch = indices[begin : begin + self.batch_size]
+            lengths = [len(requests[i].args[0]) for i in indices]  # characters: the prompts are text
+            for positions in length_batches(lengths, self.batch_size, longest_first=True):
+                batch = [indices[position] for position in positions]
                 prompts = [requests[i].args[0] for i in batch]
                 with warnings.catch_warnings():  # a prompt too long is left-truncated, as lm-eval's hf does
                     warnings.filterwarnings("ignore", message="prompt of .* left-truncated")

@@ -20,17 +20,17 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from gptkit.data.batching import length_batches, pad_right
 from gptkit.data.metrics import accuracy, matthews_corrcoef
 from gptkit.data.shards import TokenShard
 from gptkit.generation.text import InferenceConfig
 from gptkit.model import GPT
 
-# Batches of (prefix, continuation) pairs are right-padded to a multiple of this many tokens: a few
-# shapes instead of one per length (a CPU's matrix library prepares its kernels per shape).
-PAD_TO_MULTIPLE = 16
 # The most output-layer rows × vocabulary entries computed at once when scoring continuations or
 # perplexity windows (2^26 fp32 values: 256 MB), so that a large batch never holds all its logits.
 LOGIT_CHUNK_ELEMENTS = 2**26
+# Sequences per forward pass when scoring continuations, here and in lm-eval's runs (gptkit harness).
+DEFAULT_BATCH_SIZE = 32
 
 
 def strided_windows(n_tokens: int, context: int, stride: int) -> list[tuple[int, int, int]]:
@@ -207,34 +207,24 @@ class ContinuationScore(NamedTuple):
 
 @torch.no_grad()
 def continuation_scores(
-    model: GPT, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 32
+    model: GPT, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = DEFAULT_BATCH_SIZE
 ) -> list[ContinuationScore]:
     """continuation_logprob of every (prefix, continuation) pair, in order, many pairs per forward
     pass, and whether greedy decoding would have produced the continuation.
 
     Each pair is truncated as continuation_logprob truncates it; the pairs run longest first,
-    ``batch_size`` at a time, right-padded: with causal attention a real token never attends to the
-    padding after it, and positions count from 0 in every row, so neither a mask nor position ids are
-    needed. The output layer runs only where a continuation token is predicted.
+    ``batch_size`` at a time, right-padded (:mod:`gptkit.data.batching`: no mask or position ids
+    needed). The output layer runs only where a continuation token is predicted.
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     context = model.config.context_length
     fitted = [_fit_to_context(context, prefix, continuation) for prefix, continuation in pairs]
     device = next(model.parameters()).device
-    # Longest first, so that a batch holds sequences of similar length (little padding) and a batch
-    # too large for the memory fails at once rather than at the end.
-    order = sorted(range(len(fitted)), key=lambda i: -(len(fitted[i][0]) + len(fitted[i][1])))
+    lengths = [len(prefix) + len(continuation) for prefix, continuation in fitted]
     results: list[ContinuationScore] = [ContinuationScore(0.0, 0, True)] * len(fitted)
-    for begin in range(0, len(order), batch_size):
-        rows = order[begin : begin + batch_size]
+    for rows in length_batches(lengths, batch_size, longest_first=True):
         sequences = [fitted[i][0] + fitted[i][1] for i in rows]
-        longest = len(sequences[0])
-        width = max(longest, min(-(-longest // PAD_TO_MULTIPLE) * PAD_TO_MULTIPLE, context))
-        ids = torch.zeros(len(rows), width, dtype=torch.long)  # token 0 pads: it is never read
-        for row, sequence in enumerate(sequences):
-            ids[row, : len(sequence)] = torch.tensor(sequence)
-        ids = ids.to(device)
+        ids = pad_right(sequences, max_length=context).to(device)  # token 0 pads: it is never read
+        width = ids.size(1)
         # Position t predicts token t + 1: a row's continuation is predicted at
         # len(prefix) − 1 ≤ t < len(prefix) + len(continuation) − 1.
         first = torch.tensor([len(fitted[i][0]) - 1 for i in rows], device=device)
@@ -253,7 +243,7 @@ def continuation_scores(
 
 
 def continuation_logprobs(
-    model: GPT, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = 32
+    model: GPT, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], batch_size: int = DEFAULT_BATCH_SIZE
 ) -> list[tuple[float, int]]:
     """(Σ log P(continuation | prefix), tokens) of every pair: :func:`continuation_scores` without
     the greedy flag."""

@@ -1,8 +1,8 @@
 """Autoregressive decoding with a KV cache: token ids in, token ids out, one step at a time.
 
 The prompt is run through the model once, filling the cache; each further step feeds one token and
-picks the next with :func:`gptkit.generation.sampling.sample`. Rows of a batch may have prompts of
-different lengths: they are left-padded and masked.
+picks the next with :class:`gptkit.generation.sampling.DecodeStep`, the step the server takes too.
+Rows of a batch may have prompts of different lengths: they are left-padded and masked.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from gptkit.generation.sampling import SamplingParams, sample, sampling_params
+from gptkit.generation.sampling import DecodeStep, SamplingParams, sampling_params
 from gptkit.model import GPT, KVCache
 
 
@@ -27,16 +27,23 @@ def stream_ids(
     attention_mask: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     use_cache: bool = True,
+    step: DecodeStep | None = None,
     **settings,
 ) -> Iterator[torch.Tensor]:
     """Yield the next token of every row, (B,), one step at a time.
 
     How tokens are chosen: ``params``, or :class:`SamplingParams`' fields as keywords (``temperature``,
-    ``top_k``, ``top_p``, ``repetition_penalty``; none given: greedy). ``max_new_tokens`` overrides
-    ``params.max_tokens``. ``generator`` (default: one seeded with ``params.seed``, if any) draws the
-    samples. Rows that produced an end token yield ``pad_token_id`` afterwards; the iteration stops
-    when every row has ended or after ``max_tokens`` steps. Stop strings are the text functions' job.
+    ``top_k``, ``top_p``, ``repetition_penalty``; their defaults otherwise). ``max_new_tokens``
+    overrides ``params.max_tokens``. ``generator`` (default: one seeded with ``params.seed``, if any)
+    draws the samples. Which ids may be chosen and which end a row: ``step`` (the text functions'
+    masks what their tokenizer cannot decode), or ``eos_token_id`` (one id or several; every id may
+    be chosen). Rows that produced an end token yield ``pad_token_id`` afterwards; the iteration
+    stops when every row has ended or after ``max_tokens`` steps. Stop strings are the text
+    functions' job.
     """
+    if step is not None and eos_token_id is not None:
+        raise TypeError("give step or eos_token_id, not both (a DecodeStep holds its end ids)")
+    step = step or DecodeStep.for_ids(eos_token_id)
     params = sampling_params(params, max_new_tokens, **settings)
     max_new_tokens = params.max_tokens
     if generator is None:
@@ -53,8 +60,6 @@ def stream_ids(
             f"prompt of {T} tokens + {max_new_tokens} new tokens exceeds the model's context of {limit}; "
             f"shorten the prompt to at most {max(limit - max_new_tokens, 0)} tokens or ask for fewer new tokens"
         )
-    stop_ids = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or []))
-    stop_ids = stop_ids.to(input_ids.device)
     finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
 
     was_training = model.training
@@ -69,11 +74,11 @@ def stream_ids(
                 step_input = sequence
             logits = model(step_input, attention_mask=mask, cache=cache).logits[:, -1, :]
             previous = sequence if params.repetition_penalty != 1.0 else None
-            next_ids = sample(logits, params, generator, previous)
+            next_ids, ends = step(logits, params, generator, previous)
             next_ids = torch.where(finished, torch.full_like(next_ids, pad_token_id), next_ids)
             yield next_ids
-            if stop_ids.numel():
-                finished |= torch.isin(next_ids, stop_ids)
+            if step.end_ids:
+                finished |= ends
                 if bool(finished.all()):
                     return
             sequence = torch.cat([sequence, next_ids[:, None]], dim=1)
@@ -94,8 +99,8 @@ def generate(
     """Decode up to ``max_new_tokens`` tokens after ``input_ids`` (B, T); returns (B, T + N).
 
     N is ``max_new_tokens`` unless every row hit ``eos_token_id`` sooner. ``params`` and the keyword
-    arguments are those of :func:`stream_ids` (``temperature``, ``top_k``, ``top_p``, ...; greedy
-    unless a temperature is given).
+    arguments are those of :func:`stream_ids` (``temperature``, ``top_k``, ``top_p``, ...;
+    :class:`SamplingParams`' defaults otherwise: ``temperature=0`` for greedy).
     """
     steps = list(stream_ids(model, input_ids, max_new_tokens, params, **kwargs))
     if not steps:

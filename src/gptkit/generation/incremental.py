@@ -7,7 +7,7 @@ and join text the same way.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gptkit.tokenizer import Tokenizer
 
@@ -42,10 +42,7 @@ class IncrementalText:
         self.stopped = False
 
     def _decode(self) -> str:
-        full = self.decode(self.context + self.ids)
-        if full.startswith(self.context_text):
-            return full[len(self.context_text) :]
-        return self.decode(self.ids)
+        return _decode_after(self.decode, self.context, self.context_text, self.ids)
 
     def _cut_at_stop(self, decoded: str) -> int:
         cuts = [decoded.find(s) for s in self.stop]
@@ -91,3 +88,41 @@ class IncrementalText:
         new = part[len(self.text) :]
         self.text = part
         return new
+
+
+def _decode_after(
+    decode: Callable[[list[int]], str], context: list[int], context_text: str, ids: list[int]
+) -> str:
+    """The text ``ids`` add after ``context`` (whose text is ``context_text``): decoded together, so
+    that a word boundary carried by the context's last token (GPT-1's ``</w>``) is kept."""
+    full = decode(context + ids)
+    if full.startswith(context_text):
+        return full[len(context_text) :]
+    return decode(ids)
+
+
+def token_pieces(
+    tokenizer: Tokenizer, ids: Sequence[int], text: str, context: Sequence[int] = (), raw: bool = False
+) -> list[str]:
+    """Cut ``text``, what ``ids`` came out as (after ``context``'s last token, as
+    :class:`IncrementalText` decodes), into one piece per token: the pieces add up to ``text``, so
+    offsets counted over them index it, as OpenAI's logprobs do.
+
+    Token k's piece is what decoding the tokens up to k adds to the part of ``text`` they account for:
+    a character still arriving, or a GPT-1 word its detokenizer is still joining, goes to the token
+    that completes it; whatever is left (text the stop string cut, a rewrite) goes to the last token.
+    """
+    decode = tokenizer.decode if raw else tokenizer.decode_text
+    context = list(context[-1:])
+    context_text = decode(context) if context else ""
+    ids = list(ids)
+    pieces, start = [], 0
+    for k in range(1, len(ids) + 1):
+        if k == len(ids):
+            end = len(text)
+        else:
+            decoded = _decode_after(decode, context, context_text, ids[:k])
+            end = max(start, len(os.path.commonprefix([decoded, text])))
+        pieces.append(text[start:end])
+        start = end
+    return pieces

@@ -1,4 +1,5 @@
-"""The one contract for choosing tokens: :class:`SamplingParams` (checked once) and :func:`sample`.
+"""The one contract for choosing tokens: :class:`SamplingParams` (checked once, and the only place
+decoding's defaults are written) and :class:`DecodeStep`, the one step logits → mask → sample → stop.
 
 Every door into decoding uses these: :func:`gptkit.generation.generate` and ``stream_ids``, the
 text functions, ``gptkit generate``, the server's engine and the creativity sweep. Greedy decoding
@@ -8,9 +9,12 @@ has one spelling, ``temperature=0``: the most likely token, with top-k and top-p
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import torch
+
+from gptkit.tokenizer import END_OF_TEXT, Tokenizer
 
 MAX_LOGPROBS = 5  # alternatives per token, as OpenAI's legacy completions allow
 # Temperatures below this decode greedily: dividing logits by less can overflow to inf (NaN
@@ -94,14 +98,12 @@ def sampling_params(
     do_sample: bool | None = None,
     **settings,
 ) -> SamplingParams:
-    """``params`` with ``max_tokens`` and keyword ``settings`` (SamplingParams' fields) applied, for
-    functions that take either. Without ``params`` and without a temperature the decoding is greedy,
-    as in ``transformers``' ``generate``. ``do_sample``: the old spelling (False = greedy), kept for
-    scripts written against it."""
+    """``params`` (default: ``SamplingParams(**settings)``, whose defaults are the only ones) with
+    ``max_tokens`` applied, for functions that take either. ``do_sample=False``: the old spelling of
+    ``temperature=0``, kept for scripts written against it."""
     if params is not None and settings:
         raise TypeError(f"give SamplingParams or keyword settings, not both (got {', '.join(settings)})")
     if params is None:
-        settings.setdefault("temperature", 0.0 if do_sample is None else 1.0)
         params = SamplingParams(**settings)
     if do_sample is False:
         params = replace(params, temperature=0.0)
@@ -154,3 +156,49 @@ def sample(
     if params.greedy:
         return logits.argmax(-1)
     return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(1)
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """One decoding step, the same for the library and the server: logits → mask → sample → stop.
+
+    ``n_choosable``: ids from here on are never chosen (rows of the model that the tokenizer cannot
+    turn into text; None: every row may be). ``end_ids``: a chosen id among these ends its sequence.
+    """
+
+    n_choosable: int | None = None
+    end_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def for_tokenizer(cls, total_vocab_size: int, tokenizer: Tokenizer) -> DecodeStep:
+        """Only ids ``tokenizer`` decodes; its end-of-text, when the model has a row for it, ends."""
+        eos = tokenizer.special_tokens.get(END_OF_TEXT)
+        ends = (eos,) if eos is not None and eos < total_vocab_size else ()
+        return cls(min(len(tokenizer), total_vocab_size), ends)
+
+    @classmethod
+    def for_ids(cls, end_ids: int | Sequence[int] | None = None) -> DecodeStep:
+        """No tokenizer to consult: every row may be chosen; ``end_ids`` (one id or several) end."""
+        ends = (end_ids,) if isinstance(end_ids, int) else tuple(int(i) for i in end_ids or ())
+        return cls(None, ends)
+
+    def mask(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` (B, V) as float32, with the ids that may not be chosen at -inf."""
+        logits = logits.float()
+        if self.n_choosable is not None and logits.size(-1) > self.n_choosable:
+            logits = logits.clone()  # .float() of float32 logits is the caller's tensor: not in place
+            logits[:, self.n_choosable :] = float("-inf")
+        return logits
+
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+        previous_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next token of each row of ``logits`` (B, V), and whether it ends its row: two (B,)."""
+        ids = sample(self.mask(logits), params, generator, previous_ids)
+        if not self.end_ids:
+            return ids, torch.zeros_like(ids, dtype=torch.bool)
+        return ids, torch.isin(ids, torch.tensor(self.end_ids, device=ids.device))

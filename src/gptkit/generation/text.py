@@ -20,7 +20,7 @@ import torch
 from gptkit import hub
 from gptkit.generation.decode import generate, stream_ids
 from gptkit.generation.incremental import IncrementalText
-from gptkit.generation.sampling import SamplingParams, sampling_params
+from gptkit.generation.sampling import DecodeStep, SamplingParams, sampling_params
 from gptkit.hardware import (
     DEVICE_HELP,
     Choice,
@@ -32,8 +32,6 @@ from gptkit.hardware import (
 from gptkit.model import GPT
 from gptkit.model.layouts import QUANTIZATIONS, decoding_layout, quantize_int8
 from gptkit.tokenizer import END_OF_TEXT, GPT1_SPECIAL_TOKENS, Tokenizer
-
-DEFAULT_NEW_TOKENS = 50  # a continuation's length when neither max_new_tokens nor params say
 
 
 @dataclass
@@ -145,15 +143,11 @@ def encode_prompt(model: GPT, tokenizer: Tokenizer, prompt: str, max_new_tokens:
     return ids
 
 
-def _text_params(params: SamplingParams | None, max_new_tokens: int | None, settings: dict) -> SamplingParams:
-    if params is None and max_new_tokens is None:
-        max_new_tokens = DEFAULT_NEW_TOKENS
-    return sampling_params(params, max_new_tokens, **settings)
-
-
-def _end_ids(tokenizer: Tokenizer) -> dict:
-    eot = tokenizer.special_tokens.get(END_OF_TEXT)
-    return {} if eot is None else {"eos_token_id": eot, "pad_token_id": eot}
+def _decode_step(model: GPT, tokenizer: Tokenizer) -> tuple[DecodeStep, int]:
+    """The step for text (only ids the tokenizer decodes; its end of text ends), and the id that
+    pads: the end of text where there is one, as GPT-2 was trained."""
+    step = DecodeStep.for_tokenizer(model.config.total_vocab_size, tokenizer)
+    return step, step.end_ids[0] if step.end_ids else 0
 
 
 def stream_text(
@@ -169,23 +163,28 @@ def stream_text(
     """Yield the continuation of ``prompt`` piece by piece, as tokens are decoded.
 
     ``params`` (or :class:`SamplingParams`' fields as keywords: ``temperature``, ``top_k``, ``top_p``,
-    ``repetition_penalty``, ``seed``, ``stop``; no temperature: greedy) say how; ``max_new_tokens``
-    (default 50) overrides ``params.max_tokens``. Stop strings end the text before them. The text is
-    joined as a person would read it (GPT-1's ``king 's`` becomes ``king's``, see
+    ``repetition_penalty``, ``seed``, ``stop``; their defaults otherwise) say how; ``max_new_tokens``
+    overrides ``params.max_tokens``. Tokens the tokenizer cannot decode are never chosen. Stop
+    strings end the text before them. The text is joined as a person would read it (GPT-1's ``king 's`` becomes ``king's``, see
     :func:`gptkit.tokenizer.detokenize`) unless ``raw``. ``generator``: draws the samples (default: a
     new one seeded with ``params.seed``; pass one to draw several different seeded samples). See
     :class:`~gptkit.generation.incremental.IncrementalText` for what is held back while streaming.
     """
-    params = _text_params(params, max_new_tokens, settings)
+    params = sampling_params(params, max_new_tokens, **settings)
     device = next(model.parameters()).device
     ids = encode_prompt(model, tokenizer, prompt, params.max_tokens)
-    ends = _end_ids(tokenizer)
+    step, pad = _decode_step(model, tokenizer)
     text = IncrementalText(tokenizer, ids, params.stop, raw=raw)
-    for step in stream_ids(
-        model, torch.tensor([ids], device=device), params=params, generator=generator, **ends
+    for next_ids in stream_ids(
+        model,
+        torch.tensor([ids], device=device),
+        params=params,
+        generator=generator,
+        step=step,
+        pad_token_id=pad,
     ):
-        token = int(step[0])
-        if token == ends.get("eos_token_id"):
+        token = int(next_ids[0])
+        if token in step.end_ids:
             break
         piece = text.push(token)
         if piece:
@@ -216,19 +215,21 @@ def generate_text(
         return generate_text(model, tokenizer, [prompts], max_new_tokens, params, raw, generator, **settings)[
             0
         ]
-    params = _text_params(params, max_new_tokens, settings)
+    params = sampling_params(params, max_new_tokens, **settings)
     device = next(model.parameters()).device
     encoded = [encode_prompt(model, tokenizer, p, params.max_tokens) for p in prompts]
-    ends = _end_ids(tokenizer)
+    step, pad = _decode_step(model, tokenizer)
     width = max(len(ids) for ids in encoded)
-    pad = ends.get("pad_token_id", 0)
     input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in encoded], device=device)
     mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded], device=device)
-    out = generate(model, input_ids, params=params, attention_mask=mask, generator=generator, **ends)
+    out = generate(
+        model, input_ids, params=params, attention_mask=mask, generator=generator, step=step, pad_token_id=pad
+    )
     texts = []
     for ids, row in zip(encoded, out[:, width:].tolist()):
-        if ends and ends["eos_token_id"] in row:
-            row = row[: row.index(ends["eos_token_id"])]
+        ended = [i for i, token in enumerate(row) if token in step.end_ids]
+        if ended:
+            row = row[: ended[0]]
         text = IncrementalText(tokenizer, ids, params.stop, raw=raw)
         texts.append("".join(text.push(token) for token in row) + text.flush())
     return texts
@@ -252,8 +253,7 @@ class GenerateConfig(InferenceConfig):
     interactive: bool = field(
         default=False, metadata={"help": "Read prompts from stdin, one a line, until EOF."}
     )
-    # `gptkit generate` continues for 50 tokens; SamplingParams' own default (the server's) is 16.
-    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(max_tokens=DEFAULT_NEW_TOKENS))
+    sampling: SamplingParams = field(default_factory=SamplingParams)
     num_samples: int = field(default=1, metadata={"help": "Samples per prompt."})
     raw: bool = field(
         default=False,

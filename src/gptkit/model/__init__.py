@@ -2,7 +2,10 @@
 
 - :mod:`~gptkit.model.network`: :class:`GPT` (GPT-1's and GPT-2's blocks, one readable file) and its
   :class:`KVCache`.
-- :mod:`~gptkit.model.weights`: Hugging Face, gptkit and OpenAI-release weights in and out.
+- :mod:`~gptkit.model.weights`: Hugging Face, gptkit and OpenAI-release files ↔ config and parameters
+  (it never imports the network: :meth:`GPT.from_pretrained` builds the model from what it reads).
+- :mod:`~gptkit.model.positions`: the sinusoidal position table both of them need.
+- :mod:`~gptkit.model.convert`: ``gptkit convert``.
 - :mod:`~gptkit.model.task`: :class:`TaskModel`, the GPT with the paper's linear head W_y.
 - :mod:`~gptkit.model.layouts`: inference-only layouts (int8 weights, oneDNN-packed matrices).
 """
@@ -14,8 +17,8 @@ from gptkit.model.network import (
     KVCache,
     fused_next_token_loss,
     next_token_loss,
-    sinusoidal_positions,
 )
+from gptkit.model.positions import sinusoidal_positions
 
 __all__ = [
     "GPT",

@@ -22,6 +22,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptkit.config import IGNORE_INDEX, GPTConfig
+from gptkit.model.positions import sinusoidal_positions
+from gptkit.model.weights import read_pretrained, save_state_dict
 
 
 @dataclass
@@ -129,16 +131,6 @@ class Block(nn.Module):
         # GPT-1: LN(x + f(x))
         x = self.ln_1(x + self.attn(x, mask, cache, layer))
         return self.ln_2(x + self.mlp(x))
-
-
-def sinusoidal_positions(n_positions: int, d_model: int) -> torch.Tensor:
-    """Vaswani et al. (2017): PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i+1) = cos(p / 10000^(2i/d))."""
-    position = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)
-    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
-    table = torch.zeros(n_positions, d_model, dtype=torch.float64)
-    table[:, 0::2] = torch.sin(position * inv_freq)
-    table[:, 1::2] = torch.cos(position * inv_freq)[:, : d_model // 2]
-    return table.float()
 
 
 class GPT(nn.Module):
@@ -326,16 +318,45 @@ class GPT(nn.Module):
     # Weights in and out --------------------------------------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, source: str | Path, **kwargs) -> GPT:
+    def from_pretrained(
+        cls,
+        source: str | Path,
+        *,
+        dtype: torch.dtype | None = None,
+        device: str | torch.device | None = None,
+        n_head: int = 12,
+    ) -> GPT:
         """Load a Hugging Face-format directory, a gptkit directory, or OpenAI's original GPT-1 release.
 
         A name such as ``"gpt2"`` that is not a local directory is downloaded from the Hugging Face Hub
-        (needs ``huggingface_hub`` and a network).
+        (needs ``huggingface_hub`` and a network). ``n_head`` is for OpenAI's release, which does not
+        record it. The model is returned in eval mode.
         """
-        # weights.py (it imports this module) does the work: imported here, when called.
-        from gptkit.model.weights import load_pretrained
+        weights = read_pretrained(source, n_head=n_head)
+        model = cls(weights.config)
+        model._load_checked(weights.state, weights.origin)
+        if dtype is not None or device is not None:
+            model = model.to(device=device, dtype=dtype)
+        return model.eval()
 
-        return load_pretrained(source, **kwargs)
+    def _load_checked(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
+        """Copy ``state`` (our parameter names) in; a missing, unexpected or misshapen tensor is a
+        ValueError naming ``source``, the file it came from."""
+        expected = self.state_dict()
+        missing = sorted(set(expected) - set(state))
+        unexpected = sorted(set(state) - set(expected))
+        if missing or unexpected:
+            raise ValueError(
+                f"{source}: parameters do not match the config"
+                + (f"; missing: {', '.join(missing[:8])}" if missing else "")
+                + (f"; unexpected: {', '.join(unexpected[:8])}" if unexpected else "")
+            )
+        for name, tensor in state.items():
+            if tensor.shape != expected[name].shape:
+                raise ValueError(
+                    f"{source}: {name} has shape {tuple(tensor.shape)}, the config expects {tuple(expected[name].shape)}"
+                )
+        self.load_state_dict(state, strict=True)
 
     def save_pretrained(self, directory: str | Path) -> None:
         """Write ``config.json`` and ``model.safetensors`` in the Hugging Face format."""
@@ -343,9 +364,7 @@ class GPT(nn.Module):
             raise ValueError(
                 f"this model's weights are in an inference-only format ({self.inference_layout}): save the original"
             )
-        from gptkit.model.weights import save_pretrained  # as in from_pretrained
-
-        save_pretrained(self, directory)
+        save_state_dict(self.config, self.state_dict(), directory)
 
 
 def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

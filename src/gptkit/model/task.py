@@ -21,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from gptkit import hub
+from gptkit.data.batching import PAD_TO_MULTIPLE, PADDING_SLACK, length_batches
 from gptkit.data.readers import OPTIONAL_FIELDS, TEXT_FIELDS, Example
 from gptkit.data.tasks import EncodedExample, TaskSpec, collate, encode_examples
 from gptkit.hardware import resolve_device
@@ -41,9 +42,6 @@ from gptkit.tokenizer import Tokenizer
 HEAD_NAME = "task_head.safetensors"
 # A LoRA model's trained rows of the token embedding (the special tokens'), beside its adapter.
 SPECIAL_ROWS_NAME = "special_tokens.safetensors"
-# Batches are padded to a multiple of this many tokens: a handful of shapes instead of one per length
-# (each new shape costs the CPU's matrix library seconds of kernel preparation).
-PAD_TO_MULTIPLE = 16
 TASK_NAME = "task.json"
 
 
@@ -53,31 +51,6 @@ class TaskOutput:
     logits: torch.Tensor  # (N, labels), (N, choices) or (N,) for regression
     clf_loss: torch.Tensor | None = None
     lm_loss: torch.Tensor | None = None
-
-
-PADDING_SLACK = 1.25  # a batch may compute at most this many times the tokens of its sequences
-
-
-def length_batches(examples: Sequence[EncodedExample], batch_size: int) -> list[list[int]]:
-    """Indices of ``examples`` in batches for inference: shortest first, each batch at most
-    ``batch_size`` examples and at most ``PADDING_SLACK`` times their own tokens once padded to its
-    longest (a longer example starts a new batch)."""
-    lengths = [max(len(sequence) for sequence in example.sequences) for example in examples]
-    batches: list[list[int]] = []
-    real = 0
-    for i in sorted(range(len(examples)), key=lengths.__getitem__):
-        batch = batches[-1] if batches else None
-        if (
-            batch is None
-            or len(batch) == batch_size
-            or (len(batch) + 1) * lengths[i] > PADDING_SLACK * (real + lengths[i])
-        ):
-            batches.append([i])
-            real = lengths[i]
-        else:
-            batch.append(i)
-            real += lengths[i]
-    return batches
 
 
 class TaskModel(nn.Module):
@@ -169,14 +142,15 @@ class TaskModel(nn.Module):
     @torch.no_grad()
     def logits(self, examples: Sequence[EncodedExample], batch_size: int = 64) -> torch.Tensor:
         """Task logits for every encoded example, in order. Examples run shortest first, in batches of
-        at most ``batch_size`` whose padding stays small (:func:`length_batches`): SST-2's sentences
-        run from 3 to 60 tokens, and a batch padded to its longest computes twice the tokens it needs.
-        Padding follows each sequence (attention is causal): it changes no logit beyond float rounding."""
+        at most ``batch_size`` whose padding stays small (:func:`gptkit.data.batching.length_batches`
+        with its ``PADDING_SLACK``). Padding follows each sequence (attention is causal): it changes no
+        logit beyond float rounding."""
         was_training = self.training
         self.eval()
         logits: list[torch.Tensor | None] = [None] * len(examples)
         try:
-            for indices in length_batches(examples, batch_size):
+            lengths = [max(map(len, example.sequences)) for example in examples]
+            for indices in length_batches(lengths, batch_size, slack=PADDING_SLACK):
                 batch = collate([examples[i] for i in indices], False, PAD_TO_MULTIPLE, self.spec.max_length)
                 batch.pop("targets", None)
                 batch.pop("lm_labels")

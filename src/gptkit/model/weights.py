@@ -1,5 +1,9 @@
 """Weights in and out: Hugging Face directories, gptkit directories, OpenAI's GPT-1 release.
 
+Files ↔ config and parameters (a state dict under our names): this module never builds or imports
+the network; :meth:`gptkit.GPT.from_pretrained` builds the model from what :func:`read_pretrained`
+returns and checks that the parameters fit it.
+
 A gptkit model directory *is* a Hugging Face directory: ``config.json`` plus ``model.safetensors``,
 with the parameter names of ``OpenAIGPTLMHeadModel`` (post-LN models) or ``GPT2LMHeadModel``
 (pre-LN models). ``config.json`` carries one extra key, ``"gptkit"``, with the full GPTConfig, so
@@ -10,9 +14,8 @@ from __future__ import annotations
 
 import re
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -28,7 +31,7 @@ from gptkit.io import (
     save_safetensors,
     write_json,
 )
-from gptkit.model.network import GPT, sinusoidal_positions
+from gptkit.model.positions import sinusoidal_positions
 
 CONFIG_NAME = "config.json"
 SAFETENSORS_NAME = "model.safetensors"
@@ -234,31 +237,7 @@ def state_dict_from_hf(config: GPTConfig, hf_state: dict[str, torch.Tensor]) -> 
     return ours
 
 
-def load_hf_state_dict(model: GPT, hf_state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
-    """Copy Hugging Face-named tensors into ``model``; missing or misshapen tensors are an error."""
-    ours = state_dict_from_hf(model.config, hf_state)
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(ours))
-    unexpected = sorted(set(ours) - set(expected))
-    if missing or unexpected:
-        raise ValueError(
-            f"{source}: parameters do not match the config"
-            + (f"; missing: {', '.join(missing[:8])}" if missing else "")
-            + (f"; unexpected: {', '.join(unexpected[:8])}" if unexpected else "")
-        )
-    for name, tensor in ours.items():
-        if tensor.shape != expected[name].shape:
-            raise ValueError(
-                f"{source}: {name} has shape {tuple(tensor.shape)}, the config expects {tuple(expected[name].shape)}"
-            )
-    model.load_state_dict(ours, strict=True)
-
-
 # Directories -----------------------------------------------------------------------------------
-
-
-def save_pretrained(model: GPT, directory: str | Path) -> None:
-    save_state_dict(model.config, model.state_dict(), directory)
 
 
 def save_state_dict(config: GPTConfig, state: dict[str, torch.Tensor], directory: str | Path) -> None:
@@ -276,22 +255,28 @@ def read_state_dict(directory: str | Path) -> dict[str, torch.Tensor]:
     return state_dict_from_hf(config, read_safetensors(directory / SAFETENSORS_NAME))
 
 
-def load_pretrained(
-    source: str | Path, *, dtype: torch.dtype | None = None, device: str | None = None, n_head: int = 12
-) -> GPT:
-    """Build a GPT from a folder (HF, gptkit or OpenAI's release) or a Hub name (``gpt2``,
-    ``openai-community/openai-gpt``, ``org/name@revision``: see :mod:`gptkit.hub`)."""
+class Weights(NamedTuple):
+    """What a model directory holds: its config and its parameters under our names."""
+
+    config: GPTConfig
+    state: dict[str, torch.Tensor]
+    origin: str  # the file the parameters were read from, for error messages
+
+
+def read_pretrained(source: str | Path, *, n_head: int = 12) -> Weights:
+    """The config and parameters of a folder (HF, gptkit or OpenAI's release) or a Hub name (``gpt2``,
+    ``openai-community/openai-gpt``, ``org/name@revision``: see :mod:`gptkit.hub`).
+
+    ``n_head`` is for OpenAI's release, which does not record it. :meth:`gptkit.GPT.from_pretrained`
+    builds the model from these and checks that the parameters fit it.
+    """
     with hub.reading(source) as directory:
         if (directory / OPENAI_SHAPES_NAME).exists() and not (directory / CONFIG_NAME).exists():
-            model = load_openai_release(directory, n_head=n_head)
-        else:
-            model = _load_hf_directory(directory)
-    if dtype is not None or device is not None:
-        model = model.to(device=device, dtype=dtype)
-    return model.eval()
+            return read_openai_release(directory, n_head=n_head)
+        return _read_hf_directory(directory)
 
 
-def _load_hf_directory(directory: Path) -> GPT:
+def _read_hf_directory(directory: Path) -> Weights:
     config_path = directory / CONFIG_NAME
     if not config_path.exists():
         raise FileNotFoundError(
@@ -307,9 +292,7 @@ def _load_hf_directory(directory: Path) -> GPT:
         state = read_pytorch_weights(weights_path)
     else:
         raise FileNotFoundError(f"{directory}: no {SAFETENSORS_NAME} or {PYTORCH_NAME}")
-    model = GPT(config)
-    load_hf_state_dict(model, state, str(weights_path))
-    return model
+    return Weights(config, state_dict_from_hf(config, state), str(weights_path))
 
 
 # OpenAI's original GPT-1 release (openai/finetune-transformer-lm, model/) --------------------------
@@ -371,8 +354,10 @@ def _read_npy(path: Path) -> np.ndarray:
     return array
 
 
-def load_openai_release(directory: str | Path, n_head: int = 12, context_length: int | None = None) -> GPT:
-    """Import ``params_shapes.json`` + ``params_0.npy`` … ``params_9.npy``.
+def read_openai_release(
+    directory: str | Path, n_head: int = 12, context_length: int | None = None
+) -> Weights:
+    """Read ``params_shapes.json`` + ``params_0.npy`` … ``params_9.npy``.
 
     The parameters are stored flat and concatenated, in the order of ``params_shapes.json``:
     positions, tokens, then 12 arrays per block; projection weights are [1, in, out]. The release does
@@ -418,39 +403,5 @@ def load_openai_release(directory: str | Path, n_head: int = 12, context_length:
             if array.ndim == 3:  # conv weight [1, in, out] → Linear [out, in]
                 array = array[0].T
             state[f"h.{i}.{name}"] = array
-    model = GPT(config)
-    try:
-        model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in state.items()})
-    except RuntimeError as e:  # a shape in params_shapes.json that no GPT-1 block has
-        first_line = str(e).strip().splitlines()[-1].strip()
-        raise ValueError(f"{shapes_path}: the shapes do not describe a GPT-1 model ({first_line})") from e
-    return model.eval()
-
-
-# Converting: `gptkit convert` ---------------------------------------------------------------------
-
-
-@dataclass
-class ConvertConfig:
-    """Convert weights: a HF directory, a gptkit directory or OpenAI's GPT-1 release → a HF/gptkit directory."""
-
-    source: str = field(
-        metadata={
-            "help": "Folder or Hub name (gpt2, openai-community/openai-gpt, org/name@rev) to read.",
-            "positional": True,
-        }
-    )
-    destination: str = field(
-        metadata={"help": "Directory to write (config.json + model.safetensors).", "positional": True}
-    )
-    n_head: int = field(
-        default=12, metadata={"help": "Heads, for OpenAI's release, which does not record them."}
-    )
-
-
-def convert_weights(config: ConvertConfig) -> GPT:
-    """Read ``source`` (whatever :func:`load_pretrained` reads) and write it to ``destination`` in the
-    Hugging Face format of its kind (:func:`hf_model_type`); returns the model."""
-    model = load_pretrained(config.source, n_head=config.n_head)
-    save_pretrained(model, config.destination)
-    return model
+    tensors = {name: torch.from_numpy(np.ascontiguousarray(array)) for name, array in state.items()}
+    return Weights(config, tensors, str(shapes_path))

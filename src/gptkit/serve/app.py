@@ -557,13 +557,15 @@ async def _sse(
             continue
         if event.prompt_logprobs is not None:  # echo with logprobs: the prompt and its scores first
             entries = list(zip(choice.prompt_ids, event.prompt_logprobs))
-            logprobs, offsets[event.index] = writer.write(entries, offsets[event.index])
+            pieces = writer.prompt_pieces(choice)
+            logprobs, offsets[event.index] = writer.write(entries, offsets[event.index], pieces)
             yield _sse_data(chunk_body(*header, choice.index, choice.prompt_text, logprobs))
             continue
         logprobs = None
         if with_logprobs and event.token_id is not None and event.logprob is not None:
+            # The chunk's text is its token's: what the stream sends with it.
             logprobs, offsets[event.index] = writer.write(
-                [(event.token_id, event.logprob)], offsets[event.index]
+                [(event.token_id, event.logprob)], offsets[event.index], [event.text]
             )
         if event.text or logprobs is not None or event.finish_reason is not None:
             yield _sse_data(chunk_body(*header, choice.index, event.text, logprobs, event.finish_reason))

@@ -6,7 +6,8 @@ Each turn of the loop:
    prompts but the last token are run through the model together (left-padded) and copied in;
 2. one decoding step feeds every running row its next token (a joining row: its last prompt token)
    with its own position ids and a mask over its own columns;
-3. each row samples with its own settings and random generator; rows that finished (length, stop
+3. each row takes the library's decoding step (:class:`~gptkit.generation.sampling.DecodeStep`)
+   with its own settings and random generator; rows that finished (length, stop
    string, end of text, cancelled, out of time) leave, and their rows are free for the next turn.
 
 A sequence therefore reads exactly what it would read alone, whoever shares the batch with it.
@@ -25,10 +26,10 @@ from dataclasses import dataclass, field
 import torch
 
 from gptkit.generation.incremental import IncrementalText
-from gptkit.generation.sampling import SamplingParams, sample
+from gptkit.generation.sampling import DecodeStep, SamplingParams
 from gptkit.model import GPT, KVCache
 from gptkit.serve.slots import SlotCache
-from gptkit.tokenizer import END_OF_TEXT, Tokenizer
+from gptkit.tokenizer import Tokenizer
 
 logger = logging.getLogger("gptkit.serve")
 
@@ -96,9 +97,7 @@ class Engine:
         parameter = next(model.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
         self.cache = SlotCache(model.config, max_batch, self.device, self.dtype)
-        eos = tokenizer.special_tokens.get(END_OF_TEXT)
-        self.eos_id = eos if eos is not None and eos < model.config.total_vocab_size else None
-        self.n_tokens = min(len(tokenizer), model.config.total_vocab_size)  # ids that decode to text
+        self.decode_step = DecodeStep.for_tokenizer(model.config.total_vocab_size, tokenizer)
         self._waiting: deque[GenerationRequest] = deque()
         self._running: list[GenerationRequest] = []  # by cache row
         self._condition = threading.Condition()
@@ -282,20 +281,20 @@ class Engine:
             cache=self.cache,
         ).logits[:, -1, :]  # (rows, V)
         self.steps += 1
-        logits = logits.float()
-        if logits.size(-1) > self.n_tokens:  # rows of the model with no text in the tokenizer
-            logits[:, self.n_tokens :] = float("-inf")
+        # Masked for the whole batch here, so that the log-probabilities reported are those of the
+        # tokens that may be chosen; the step masks each row again (the same ids, already -inf).
+        logits = self.decode_step.mask(logits)
         wants_logprobs = [r.params.logprobs is not None for r in self._running]
         logprobs = self._log_softmax(logits) if any(wants_logprobs) else None
         ended = []
         for row, request in enumerate(self._running):
             try:
-                token = self._sample(request, logits[row : row + 1])
+                token, ends = self._sample(request, logits[row : row + 1])
                 scored = None
                 if wants_logprobs[row]:
                     top = self._top(logprobs[row : row + 1], request.params.logprobs)[0]
                     scored = TokenLogprob(float(logprobs[row, token]), top)
-                if self._advance(request, token, scored):
+                if self._advance(request, token, ends, scored):
                     ended.append(row)
             except Exception:  # this sequence only: the others in the batch go on
                 logger.exception("sampling failed")
@@ -304,16 +303,20 @@ class Engine:
         for row in reversed(ended):
             self._leave(row)
 
-    def _sample(self, request: GenerationRequest, logits: torch.Tensor) -> int:
+    def _sample(self, request: GenerationRequest, logits: torch.Tensor) -> tuple[int, bool]:
+        """The row's next token, and whether it ends the sequence."""
         params = request.params
         previous = None
         if params.repetition_penalty != 1.0:
             previous = torch.tensor([request.prompt_ids + request.generated], device=self.device)
-        return int(sample(logits, params, request.generator, previous))
+        token, ends = self.decode_step(logits, params, request.generator, previous)
+        return int(token), bool(ends)
 
-    def _advance(self, request: GenerationRequest, token: int, scored: TokenLogprob | None) -> bool:
+    def _advance(
+        self, request: GenerationRequest, token: int, ends: bool, scored: TokenLogprob | None
+    ) -> bool:
         """Record ``token`` for ``request`` and tell it; True when the sequence has ended."""
-        if token == self.eos_id:  # the end of text: not part of the completion
+        if ends:  # the end of text: not part of the completion
             self._finish(request, "stop", request.text.flush())
             return True
         request.generated.append(token)

@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 
 from gptkit import hub
-from gptkit.data.tasks import EncodedExample, TaskSpec, build_sequences, collate
+from gptkit.data.batching import PADDING_SLACK, length_batches, pad_right
+from gptkit.data.tasks import EncodedExample, TaskSpec, build_sequences
 from gptkit.generation import load_for_generation
 from gptkit.hardware import Precision, resolve_device, resolve_precision
 from gptkit.io import read_safetensors
@@ -32,12 +33,10 @@ from gptkit.model import GPT
 from gptkit.model.lora import AdapterSet, is_adapter_dir, read_adapter
 from gptkit.model.task import (
     HEAD_NAME,
-    PAD_TO_MULTIPLE,
     SPECIAL_ROWS_NAME,
     TASK_NAME,
     TaskModel,
     adapter_base_dir,
-    length_batches,
     lora_settings,
     read_task_info,
     with_special_rows,
@@ -134,12 +133,11 @@ def embed(gpt: GPT, sequences: list[list[int]]) -> list[list[float]]:
 def last_hidden_states(gpt: GPT, sequences: list[list[int]]) -> torch.Tensor:
     """h_n at the last token of each sequence (N, d), from one right-padded forward pass (causal
     attention: no real token sees the padding after it)."""
-    examples = [EncodedExample([sequence], None) for sequence in sequences]
-    batch = collate(examples, pad_to_multiple=PAD_TO_MULTIPLE, max_length=gpt.config.context_length)
     # Not wte.weight: under LoRA adapters that joins the embedding's parts, a copy of the table.
     device = next(gpt.parameters()).device
-    hidden = gpt(batch["input_ids"][:, 0].to(device), compute_logits=False).hidden_states  # (N, T, d)
-    last = batch["clf_positions"][:, 0].to(device)  # (N,)
+    ids = pad_right(sequences, max_length=gpt.config.context_length).to(device)
+    hidden = gpt(ids, compute_logits=False).hidden_states  # (N, T, d)
+    last = torch.tensor([len(sequence) - 1 for sequence in sequences], device=device)  # (N,)
     return hidden[torch.arange(len(sequences), device=device), last]
 
 
@@ -301,11 +299,13 @@ def classify_mixed(
     in :meth:`TaskModel.logits`), adding its own adapter's terms (:meth:`AdapterSet.per_row`); then
     each input's h_e goes through its own adapter's head."""
     owners = [name for name, example in items for _ in example.sequences]  # each sequence's adapter
-    sequences = [EncodedExample([s], None) for _, example in items for s in example.sequences]
+    sequences = [sequence for _, example in items for sequence in example.sequences]
     h_n: list[torch.Tensor] = [torch.empty(0)] * len(sequences)
-    for indices in length_batches(sequences, len(sequences)):
+    lengths = [len(sequence) for sequence in sequences]
+    # All in one pass unless the padding would cost too much (at least 1: an empty batch has no size).
+    for indices in length_batches(lengths, max(len(sequences), 1), slack=PADDING_SLACK):
         with adapters.per_row([owners[i] for i in indices]) as gpt:
-            hidden = last_hidden_states(gpt, [sequences[i].sequences[0] for i in indices])
+            hidden = last_hidden_states(gpt, [sequences[i] for i in indices])
         for i, h in zip(indices, hidden):
             h_n[i] = h
     first = [0]  # where each input's sequences start

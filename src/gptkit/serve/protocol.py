@@ -243,13 +243,18 @@ def parse_completion_request(body: Any, limits: ServeLimits, vocab_size: int) ->
     stream = _boolean(body, "stream")
     logprobs = _integer(body, "logprobs", None, 0, MAX_LOGPROBS)
     echo = _boolean(body, "echo")
+    default = SamplingParams()  # a field the body leaves out: the one default, the library's too
     params = SamplingParams(
-        max_tokens=_integer(body, "max_tokens", 16, 1, limits.max_tokens_limit),
-        temperature=_number(body, "temperature", 1.0, lambda t: 0 <= t <= 2, "between 0 and 2"),
-        top_p=_number(body, "top_p", None, lambda p: 0 < p <= 1, "in (0, 1]"),
-        top_k=_integer(body, "top_k", None, 1),
-        repetition_penalty=_number(body, "repetition_penalty", 1.0, lambda r: 0 < r <= 10, "in (0, 10]"),
-        seed=_integer(body, "seed", None, -(2**63), 2**64 - 1),
+        max_tokens=_integer(body, "max_tokens", default.max_tokens, 1, limits.max_tokens_limit),
+        temperature=_number(
+            body, "temperature", default.temperature, lambda t: 0 <= t <= 2, "between 0 and 2"
+        ),
+        top_p=_number(body, "top_p", default.top_p, lambda p: 0 < p <= 1, "in (0, 1]"),
+        top_k=_integer(body, "top_k", default.top_k, 1),
+        repetition_penalty=_number(
+            body, "repetition_penalty", default.repetition_penalty, lambda r: 0 < r <= 10, "in (0, 10]"
+        ),
+        seed=_integer(body, "seed", default.seed, -(2**63), 2**64 - 1),
         logprobs=logprobs,
         prompt_logprobs=echo and logprobs is not None,
         stop=_stop(body),

@@ -8,6 +8,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any
 
+from gptkit.generation.incremental import token_pieces
 from gptkit.serve.engine import Event, TokenLogprob
 from gptkit.tokenizer import Tokenizer
 
@@ -45,7 +46,10 @@ class Choice:
 
 class LogprobsWriter:
     """OpenAI's legacy ``logprobs`` object: ``tokens``, ``token_logprobs``, ``top_logprobs`` (a dict of
-    token text to log P per position) and ``text_offset`` (where each token starts in the text)."""
+    token text to log P per position) and ``text_offset`` (where each token starts in the text).
+
+    As in OpenAI's, the ``tokens`` add up to the text returned and ``text_offset`` indexes it, also
+    where the returned text is not the tokens' raw text joined (GPT-1's detokenized text)."""
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
@@ -53,16 +57,18 @@ class LogprobsWriter:
     def token(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
 
-    def write(self, entries: list[tuple[int, TokenLogprob]], offset: int) -> tuple[dict[str, Any], int]:
-        """The object for ``entries``, the first starting at ``offset``; and the offset after them.
-        Offsets count in the prompt followed by the completion, echoed or not, as OpenAI's do."""
-        tokens = [self.token(token_id) for token_id, _ in entries]
+    def write(
+        self, entries: list[tuple[int, TokenLogprob]], offset: int, texts: list[str]
+    ) -> tuple[dict[str, Any], int]:
+        """The object for ``entries`` whose text is ``texts`` (one piece each), the first starting at
+        ``offset``; and the offset after them. Offsets count in the prompt followed by the
+        completion, echoed or not, as OpenAI's do."""
         offsets = []
-        for text in tokens:
+        for text in texts:
             offsets.append(offset)
             offset += len(text)
         body = {
-            "tokens": tokens,
+            "tokens": texts,
             "token_logprobs": [scored.logprob for _, scored in entries],
             "top_logprobs": [
                 None if scored.top is None else {self.token(t): lp for t, lp in scored.top}
@@ -72,12 +78,19 @@ class LogprobsWriter:
         }
         return body, offset
 
+    def prompt_pieces(self, choice: Choice) -> list[str]:
+        """The prompt's text, one piece per prompt token."""
+        return token_pieces(self.tokenizer, choice.prompt_ids, choice.prompt_text)
+
     def choice(self, choice: Choice) -> dict[str, Any]:
         """The logprobs of a whole choice: its prompt's too when echoed."""
+        completion = token_pieces(
+            self.tokenizer, [token for token, _ in choice.scored], choice.text, context=choice.prompt_ids
+        )
         if choice.echo:
             prompt = list(zip(choice.prompt_ids, choice.prompt_scored or []))
-            return self.write(prompt + choice.scored, 0)[0]
-        return self.write(choice.scored, len(choice.prompt_text))[0]
+            return self.write(prompt + choice.scored, 0, self.prompt_pieces(choice) + completion)[0]
+        return self.write(choice.scored, len(choice.prompt_text), completion)[0]
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

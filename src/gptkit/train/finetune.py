@@ -22,6 +22,7 @@ import torch.nn as nn
 
 from gptkit import hub
 from gptkit.config import config_error
+from gptkit.data.batching import PAD_TO_MULTIPLE
 from gptkit.data.readers import DATASETS, DataError, Example, parse_columns, read_dataset, read_table
 from gptkit.data.sampler import EpochSampler
 from gptkit.data.tasks import (
@@ -37,7 +38,7 @@ from gptkit.hardware import DEVICE_HELP
 from gptkit.io import read_json, write_json
 from gptkit.model import GPT
 from gptkit.model.lora import LORA_TARGETS, LoRASettings, add_lora
-from gptkit.model.task import PAD_TO_MULTIPLE, TaskModel, lora_task_info, read_task_state, save_task_model
+from gptkit.model.task import TaskModel, lora_task_info, read_task_state, save_task_model
 from gptkit.tokenizer import Tokenizer
 from gptkit.train.config import TrainConfig
 from gptkit.train.distributed import (
