@@ -336,6 +336,7 @@ def test_a_second_writer_stops_at_once_naming_the_holder(inputs, tmp_path, capsy
     }[command]
     # prepare replaces its folder whole, so its lock sits beside it; the others lock inside.
     lock = tmp_path / ".out.lock" if command == "prepare" else out / ".lock"
+    (tmp_path / "model").mkdir()  # a folder is a model by place; the lock refuses before it is read
     out.mkdir()
     with writer_lock(lock, out, "pretrain"):
         assert main(args) == 2
