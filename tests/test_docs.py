@@ -95,3 +95,49 @@ def test_every_relative_link_resolves(path):
         elif fragment and linked.suffix == ".md" and fragment not in _anchors(linked):
             broken.append(f"{target} (no such heading)")
     assert not broken, f"{path.relative_to(REPO)}: {', '.join(broken)}"
+
+
+def _section(path: Path, anchor: str) -> str:
+    """The text under the heading with this anchor, up to the next heading of its level or above."""
+    lines = _FENCE.sub("", path.read_text(encoding="utf-8")).splitlines()
+    for start, line in enumerate(lines):
+        match = re.match(r"^(#+)\s+(.*)$", line)
+        if match and re.sub(r"[^\w\- ]", "", match.group(2).strip().lower()).replace(" ", "-") == anchor:
+            level = len(match.group(1))
+            end = next(
+                (i for i in range(start + 1, len(lines)) if re.match(rf"^#{{1,{level}}}\s", lines[i])),
+                len(lines),
+            )
+            return "\n".join(lines[start:end])
+    raise AssertionError(f"{path.name}: no heading with the anchor {anchor}")
+
+
+# A figure: a decimal (1.33, 0.89, +0.020), or a quantity with its unit (665 MB, 40 min 40 s).
+_FIGURE = re.compile(r"(?<![\w.-])(\d+\.\d+|\d[\d,]* MB|\d+ min \d+ s)(?![\d])")
+
+
+def _claims() -> list[tuple[str, list[str]]]:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text.split("## What it does, measured", 1)[1].split("\n## ", 1)[0]
+    return [(line, _LINK.findall(line)) for line in section.splitlines() if line.startswith("- ")]
+
+
+def test_the_readme_has_its_claims():
+    assert 5 <= len(_claims()) <= 10  # at most ten one-line claims; none means the reader broke
+
+
+@pytest.mark.parametrize("claim", _claims(), ids=lambda claim: claim[0][2:40])
+def test_every_readme_figure_is_in_the_table_it_links_to(claim):
+    """A figure in the README is one a linked results section holds: the README quotes, it does not
+    round or recompute, so a rerun that changes the section shows here."""
+    line, links = claim
+    assert links, f"README claim without a link to its figures: {line}"
+    sections = "\n".join(
+        _section(REPO / target.partition("#")[0], target.partition("#")[2])
+        for target in links
+        if "#" in target
+    )
+    figures = _FIGURE.findall(line.split("](", 1)[-1])
+    assert figures, f"README claim without a figure: {line}"
+    missing = [f for f in figures if not re.search(rf"(?<![\d.]){re.escape(f)}", sections)]
+    assert not missing, f"not in the linked sections: {missing} ({line[:60]}...)"

@@ -49,7 +49,9 @@ def core_requirements(wheel: Path) -> list[Requirement]:
     with zipfile.ZipFile(wheel) as archive:
         (name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
         lines = archive.read(name).decode().splitlines()
-    requirements = [Requirement(line.split(":", 1)[1].strip()) for line in lines if line.startswith("Requires-Dist:")]
+    requirements = [
+        Requirement(line.split(":", 1)[1].strip()) for line in lines if line.startswith("Requires-Dist:")
+    ]
     return [r for r in requirements if r.marker is None or r.marker.evaluate({"extra": ""})]
 
 
@@ -123,7 +125,9 @@ def test_the_wheel_holds_every_module_and_the_playground(built):
         names = set(archive.namelist())
     sources = {str(p.relative_to(REPO / "src")) for p in (REPO / "src" / "gptkit").rglob("*.py")}
     assert sources <= names, sorted(sources - names)
-    static = {str(p.relative_to(REPO / "src")) for p in (REPO / "src" / "gptkit" / "serve" / "static").iterdir()}
+    static = {
+        str(p.relative_to(REPO / "src")) for p in (REPO / "src" / "gptkit" / "serve" / "static").iterdir()
+    }
     assert static and static <= names, sorted(static - names)
 
 
@@ -137,7 +141,9 @@ def test_the_installed_wheel_runs_offline_with_its_declared_dependencies_only(in
     torch.manual_seed(0)
     GPT(GPTConfig.from_preset("tiny", vocab_size=tokenizer.vocab_size)).save_pretrained(model_dir)
     model, tokenizer = load_for_generation(model_dir, dtype="float32", device="cpu")  # what the command runs
-    expected = generate_text(model, tokenizer, "Alice was", params=SamplingParams(max_tokens=8, temperature=0))
+    expected = generate_text(
+        model, tokenizer, "Alice was", params=SamplingParams(max_tokens=8, temperature=0)
+    )
 
     help_run = run([str(installed / "gptkit"), "--help"], cwd=tmp_path)
     assert help_run.returncode == 0, help_run.stderr
