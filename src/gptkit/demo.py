@@ -283,11 +283,15 @@ def _comparison(task: DemoTask, report: list, correct: dict[str, list[int]]) -> 
         # One fine-tuning a side: the error counts which examples were scored, not which run was drawn.
         "stderr_counts": STDERR_COUNTS,
     }
+    # The same difference on every example (two models stuck on the majority answer): no spread, so
+    # no error to divide by.
+    in_errors = (
+        f"{difference / stderr:.1f} standard errors" if stderr else "the same on every example"
+    )
     print(
         f"    {'majority':>12}: {result['majority_class']:.3f}\n"
         f"    pre-trained − from scratch: {difference:+.3f} ± {stderr:.3f} "
-        f"({difference / stderr if stderr else float('inf'):.1f} standard errors, paired over "
-        f"{len(report)} examples; {STDERR_COUNTS})",
+        f"({in_errors}, paired over {len(report)} examples; {STDERR_COUNTS})",
         flush=True,
     )
     return result
