@@ -82,8 +82,12 @@ paper: $(STAMP)
 	$(PYTHON) -m gptkit figure2 zeroshot --run $(PAPER)/pretrain --data-dir $(DATA) \
 		--out $(PAPER)/figure2-zeroshot --limit 500
 
+# Each benchmark prints its JSON and keeps it in results/; scripts/render_results.py renders them
+# into docs/results.md's tables.
 bench: $(STAMP)
-	@for b in benchmarks/*.py; do GPTKIT_DATA=$(DATA) $(PYTHON) $$b || exit 1; done
+	@mkdir -p results
+	@for b in benchmarks/*.py; do GPTKIT_DATA=$(DATA) GPTKIT_RESULTS=results $(PYTHON) $$b || exit 1; done
+	$(PYTHON) scripts/render_results.py
 
 lint: $(STAMP)
 	$(PYTHON) -m ruff check src tests benchmarks

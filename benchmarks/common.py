@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import os
 import platform
@@ -104,16 +105,19 @@ def time_limit(seconds: float) -> Iterator[None]:
 
 
 def emit(name: str, comparisons: list[dict], **extra) -> None:
+    """Print the benchmark's JSON; with ``GPTKIT_RESULTS`` set (``make bench``), also keep it as
+    ``$GPTKIT_RESULTS/<name>.json``, which scripts/render_results.py turns into docs/results.md's tables."""
     from gptkit.hardware import describe
+    from gptkit.io import write_json
 
-    print(
-        json.dumps(
-            {
-                "benchmark": name,
-                "machine": machine(),
-                "hardware": describe(),
-                "comparisons": comparisons,
-                **extra,
-            }
-        )
-    )
+    record = {
+        "benchmark": name,
+        "date": datetime.date.today().isoformat(),
+        "machine": machine(),
+        "hardware": describe(),
+        "comparisons": comparisons,
+        **extra,
+    }
+    print(json.dumps(record), flush=True)
+    if os.environ.get("GPTKIT_RESULTS"):
+        write_json(Path(os.environ["GPTKIT_RESULTS"]) / f"{name}.json", record)
