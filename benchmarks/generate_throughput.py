@@ -100,7 +100,7 @@ def onnxruntime_row(model: GPT, decoder: GPT, prompt: torch.Tensor, directory: s
     try:
         import onnxruntime
     except ImportError:
-        return skipped(what, "tok/s", "onnxruntime", "needs the export extra: pip install 'gptkit[export]'")
+        return skipped(what, "tok/s", "onnxruntime", "needs the export extra: pip install -e '.[export]'")
     peer = f"onnxruntime {onnxruntime.__version__} (CPUExecutionProvider), past-key/value graph"
     if DEVICE != "cpu":
         return skipped(what, "tok/s", peer, "the installed onnxruntime runs on the CPU only")

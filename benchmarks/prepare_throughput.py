@@ -131,9 +131,7 @@ def parquet_memory(work: Path) -> dict:
     try:
         import pyarrow  # noqa: F401
     except ImportError:
-        return skipped(
-            what, "MB", "the same, the smaller file", "needs pyarrow: pip install 'gptkit[corpora]'"
-        )
+        return skipped(what, "MB", "the same, the smaller file", "needs pyarrow: pip install -e '.[corpora]'")
     text = "".join(f.read_text(encoding="utf-8") for f in BOOKS).replace("\r\n", "\n")
     paragraphs = [p.strip() for p in text.split("\n\n") if p.strip()]
     small_bytes = write_parquet_corpus(work / "small.parquet", paragraphs, PARQUET_BASE_COPIES)

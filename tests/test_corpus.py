@@ -269,7 +269,7 @@ def test_a_missing_optional_package_names_the_extra(data_dir, tmp_path, monkeypa
         assert code == 2
         assert err.strip() == (
             f"gptkit prepare: error: reading {'parquet' if package == 'pyarrow' else '.zst'} files needs the "
-            f"{package} package: pip install 'gptkit[corpora]'"
+            f"{package} package: pip install -e '.[corpora]'"
         )
 
 

@@ -21,8 +21,8 @@ from gptkit import GPT, GPTConfig, Tokenizer, generate
 from gptkit.cli import main
 from gptkit.export import ExportConfig
 
-ort = pytest.importorskip("onnxruntime", reason="the export extra: pip install 'gptkit[export]'")
-gguf = pytest.importorskip("gguf", reason="the export extra: pip install 'gptkit[export]'")
+ort = pytest.importorskip("onnxruntime", reason="the export extra: pip install -e '.[export]'")
+gguf = pytest.importorskip("gguf", reason="the export extra: pip install -e '.[export]'")
 
 from gptkit.export.gguf import GPT1_REFUSAL, export_gguf  # noqa: E402
 from gptkit.export.onnx import past_names, present_names  # noqa: E402
@@ -352,7 +352,7 @@ def test_gguf_refuses_gpt1_and_what_llama_cpp_cannot_run(small_tokenizer, data_d
     gelu_erf = GPT(GPTConfig.from_preset("gpt2", vocab_size=263, activation="gelu", **SMALL))
     with pytest.raises(ValueError, match="tanh form"):
         export_gguf(gelu_erf, small_tokenizer, tmp_path / "erf.gguf")
-    pytest.importorskip("spacy", reason="GPT-1's tokenizer: pip install 'gptkit[gpt1]'")
+    pytest.importorskip("spacy", reason="GPT-1's tokenizer: pip install -e '.[gpt1]'")
     gpt1_tokenizer = Tokenizer.from_pretrained(data_dir / "gpt1_bpe")
     with pytest.raises(ValueError, match="byte-level BPE; this tokenizer is 'gpt1'"):
         export_gguf(small_model("gpt2", len(gpt1_tokenizer)), gpt1_tokenizer, tmp_path / "bpe.gguf")
@@ -398,6 +398,6 @@ def test_export_config_says_what_to_change(fields, message):
 def test_a_missing_export_package_names_the_extra(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "gguf", None)  # as if not installed
     with pytest.raises(
-        ImportError, match=r"GGUF export needs the gguf package: pip install 'gptkit\[export\]'"
+        ImportError, match=r"GGUF export needs the gguf package: pip install -e '\.\[export\]'"
     ):
         export_gguf(small_model("gpt2"), None, tmp_path / "x.gguf")

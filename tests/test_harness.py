@@ -243,7 +243,7 @@ def test_without_lm_eval_the_command_names_the_extra(monkeypatch, capsys):
     assert help_page.value.code == 0 and "--include-path" in capsys.readouterr().out
     assert main(["harness", "--model", "m", "--tasks", "t"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "gptkit harness: error: gptkit harness needs lm-evaluation-harness: pip install 'gptkit[eval]'"
+        "gptkit harness: error: gptkit harness needs lm-evaluation-harness: pip install -e '.[eval]'"
     )
 
 

@@ -702,7 +702,7 @@ def test_tensorboard_gets_the_same_numbers_as_metrics_jsonl(shards, tmp_path, mo
         assert [s for s, _ in got] == [s for s, _ in expected] and len(expected) >= 2
         assert [v for _, v in got] == pytest.approx([v for _, v in expected], rel=1e-6)  # float32
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # not installed
-    with pytest.raises(ImportError, match=r"pip install 'gptkit\[tensorboard\]'"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[tensorboard\]'"):
         make_trainer(shards, tmp_path / "again", loop_config(log_to=["tensorboard"]))
 
 

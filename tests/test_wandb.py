@@ -94,6 +94,6 @@ def test_without_wandb_or_a_login_the_error_says_what_to_do(
         make_trainer(small_shards, tmp_path / "online", loop_config(log_to=["wandb"]))
     monkeypatch.setitem(sys.modules, "wandb", None)  # not installed
     with pytest.raises(
-        ImportError, match=r"^--log-to wandb needs the wandb package: pip install 'gptkit\[wandb\]'$"
+        ImportError, match=r"^--log-to wandb needs the wandb package: pip install -e '\.\[wandb\]'$"
     ):
         make_trainer(small_shards, tmp_path / "missing", loop_config(log_to=["wandb"]))

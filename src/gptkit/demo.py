@@ -285,9 +285,7 @@ def _comparison(task: DemoTask, report: list, correct: dict[str, list[int]]) -> 
     }
     # The same difference on every example (two models stuck on the majority answer): no spread, so
     # no error to divide by.
-    in_errors = (
-        f"{difference / stderr:.1f} standard errors" if stderr else "the same on every example"
-    )
+    in_errors = f"{difference / stderr:.1f} standard errors" if stderr else "the same on every example"
     print(
         f"    {'majority':>12}: {result['majority_class']:.3f}\n"
         f"    pre-trained − from scratch: {difference:+.3f} ± {stderr:.3f} "

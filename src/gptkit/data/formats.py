@@ -5,7 +5,7 @@ Everything is read in pieces of bounded size: a compressed file 64 KiB at a time
 batch of a row group at a time, an arrow file a record batch at a time; memory does not grow with
 the file. A file that cannot be read is a :class:`DataError` whose one-line message names the file,
 where in it (line or row, rows counted from 0 as pyarrow and ``datasets`` index them) and the field.
-pyarrow and zstandard are optional: ``pip install 'gptkit[corpora]'``.
+pyarrow and zstandard are optional: ``pip install -e '.[corpora]'``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def one_line(error: BaseException) -> str:
 
 
 def _needs(package: str, what: str) -> ImportError:
-    return ImportError(f"{what} needs the {package} package: pip install 'gptkit[{EXTRA}]'")
+    return ImportError(f"{what} needs the {package} package: pip install -e '.[{EXTRA}]'")
 
 
 def _zstandard():

@@ -21,7 +21,7 @@ SEED = 1234  # lm-eval's own default seed, for the few-shot examples and sampled
 
 @dataclass
 class HarnessConfig:
-    """lm-evaluation-harness's tasks on a gptkit model (pip install 'gptkit[eval]'); lm-eval's results."""
+    """lm-evaluation-harness's tasks on a gptkit model (pip install -e '.[eval]'); lm-eval's results."""
 
     model: str = field(
         metadata={

@@ -30,7 +30,7 @@ try:
     from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 except ImportError as e:  # pragma: no cover - depends on the install
-    raise ImportError("gptkit harness needs lm-evaluation-harness: pip install 'gptkit[eval]'") from e
+    raise ImportError("gptkit harness needs lm-evaluation-harness: pip install -e '.[eval]'") from e
 
 from gptkit.data.batching import length_batches
 from gptkit.evaluate.lm import DEFAULT_BATCH_SIZE, continuation_scores

@@ -6,7 +6,7 @@
   tokenizer inside the file, weights in f32, f16 or q8_0. GPT-2 family only.
 
 ``gptkit export MODEL OUT`` is :func:`export_model` with an :class:`ExportConfig`. The packages these
-need are the ``export`` extra (``pip install 'gptkit[export]'``); they are imported only here.
+need are the ``export`` extra (``pip install -e '.[export]'``); they are imported only here.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def require_extra(module: str, purpose: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError as e:
         raise ImportError(
-            f"{purpose} needs the {module.split('.')[0]} package: pip install 'gptkit[export]'"
+            f"{purpose} needs the {module.split('.')[0]} package: pip install -e '.[export]'"
         ) from e
 
 

@@ -59,7 +59,7 @@ def _plot(
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib is not installed (pip install 'gptkit[plot]'): no plot written")
+        print("matplotlib is not installed (pip install -e '.[plot]'): no plot written")
         return False
     fig, ax = plt.subplots(figsize=(6, 4))
     for index, (name, (xs, ys)) in enumerate(lines.items()):

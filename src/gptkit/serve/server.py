@@ -30,7 +30,7 @@ def run_server(config: ServeConfig) -> None:
 
         from gptkit.serve.app import create_app
     except ImportError as e:
-        raise ImportError(f"gptkit serve needs the serve extra: pip install 'gptkit[serve]' ({e})") from e
+        raise ImportError(f"gptkit serve needs the serve extra: pip install -e '.[serve]' ({e})") from e
     limits, host = config.limits, config.host
     directories = name_models(config.model, config.model_name)
     if config.tokenizer is not None and len(directories) > 1:

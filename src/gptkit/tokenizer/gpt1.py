@@ -80,7 +80,7 @@ def _require_gpt1_extra():
         import spacy
     except ImportError as e:
         raise ImportError(
-            f"GPT-1's tokenizer needs ftfy and spaCy ({e.name} is missing): pip install 'gptkit[gpt1]'"
+            f"GPT-1's tokenizer needs ftfy and spaCy ({e.name} is missing): pip install -e '.[gpt1]'"
         ) from e
     return ftfy, spacy
 

@@ -81,7 +81,7 @@ class TensorBoardWriter:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:
             raise ImportError(
-                "--log-to tensorboard needs the tensorboard package: pip install 'gptkit[tensorboard]'"
+                "--log-to tensorboard needs the tensorboard package: pip install -e '.[tensorboard]'"
             ) from e
         self.writer = SummaryWriter(log_dir=str(directory), flush_secs=10)
 
@@ -107,7 +107,7 @@ class WandbWriter:
         try:
             import wandb
         except ImportError as e:
-            raise ImportError("--log-to wandb needs the wandb package: pip install 'gptkit[wandb]'") from e
+            raise ImportError("--log-to wandb needs the wandb package: pip install -e '.[wandb]'") from e
         name = run_dir.root.resolve().name
         run_dir.root.mkdir(parents=True, exist_ok=True)  # W&B's files go in RUN/wandb
         try:
