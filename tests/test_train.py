@@ -16,8 +16,10 @@ import pytest
 import torch
 
 from gptkit import GPT, GPTConfig
+from gptkit.data.prepare import prepare
 from gptkit.data.sampler import EpochSampler
-from gptkit.data.shards import TokenShard, WindowSampler, prepare
+from gptkit.data.shards import TokenShard
+from gptkit.data.windows import WindowSampler
 from gptkit.model.weights import read_state_dict, save_state_dict
 from gptkit.tokenizer import Tokenizer
 from gptkit.train.loop import NonFiniteLossError, TrainConfig, Trainer, read_metrics
@@ -29,7 +31,7 @@ from gptkit.train.optim import (
     learning_rate,
     orthogonalize,
 )
-from gptkit.train.pretrain import PretrainBatches, make_evaluator
+from gptkit.train.pretrain import make_evaluator
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -150,13 +152,13 @@ def test_windows_are_drawn_without_replacement_and_shared_across_ranks(shards):
     sampler = WindowSampler(shard, context_length=32, batch_size=8, seed=1)
     n_windows = shard.n_windows(32)
     n_batches = n_windows // 8
-    seen = [tuple(w.tolist()) for _ in range(n_batches) for w in sampler.next_batch()]
+    seen = [tuple(w.tolist()) for _ in range(n_batches) for w in sampler.next_windows()]
     all_windows = {tuple(shard.window(i, 32).tolist()) for i in range(n_windows)}
     assert len(set(seen)) == len(seen) == n_batches * 8  # no window twice in an epoch
     assert set(seen) <= all_windows
     # Two ranks take the two halves of the same global batch.
-    whole = WindowSampler(shard, 32, 8, seed=5).next_batch()
-    halves = [WindowSampler(shard, 32, 8, seed=5, rank=r, world_size=2).next_batch() for r in (0, 1)]
+    whole = WindowSampler(shard, 32, 8, seed=5).next_windows()
+    halves = [WindowSampler(shard, 32, 8, seed=5, rank=r, world_size=2).next_windows() for r in (0, 1)]
     assert torch.equal(torch.cat(halves), whole)
 
 
@@ -302,7 +304,7 @@ class InterruptAt:
 def make_trainer(shards, out_dir, config, model=None, interrupt_at=None, **trainer_options):
     model = model or small_model()
     shard = TokenShard.open(shards, "train")
-    data = PretrainBatches(WindowSampler(shard, 32, config.batch_size, config.seed))
+    data = WindowSampler(shard, 32, config.batch_size, config.seed)
     if interrupt_at:
         data = InterruptAt(data, interrupt_at)
     evaluate = make_evaluator(TokenShard.open(shards, "val"), 32, 8, 4, torch.device("cpu"))

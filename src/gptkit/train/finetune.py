@@ -23,8 +23,11 @@ import torch.nn as nn
 from gptkit import hub
 from gptkit.config import config_error
 from gptkit.data.batching import PAD_TO_MULTIPLE
-from gptkit.data.readers import DATASETS, DataError, Example, parse_columns, read_dataset, read_table
+from gptkit.data.examples import Example
+from gptkit.data.formats import DataError
+from gptkit.data.registry import DATASETS, read_dataset
 from gptkit.data.sampler import EpochSampler
+from gptkit.data.tables import parse_columns, read_table
 from gptkit.data.tasks import (
     EncodedExample,
     TaskSpec,

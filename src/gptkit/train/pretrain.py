@@ -13,7 +13,8 @@ import torch.nn as nn
 
 from gptkit import hub
 from gptkit.config import config_error
-from gptkit.data.shards import TokenShard, WindowSampler, check_shard_tokenizer, eval_windows
+from gptkit.data.shards import TokenShard, check_shard_tokenizer
+from gptkit.data.windows import WindowSampler, eval_windows
 from gptkit.hardware import DEVICE_HELP
 from gptkit.io import atomic_write
 from gptkit.model.weights import CONFIG_NAME, SAFETENSORS_NAME, read_state_dict, save_state_dict
@@ -50,24 +51,6 @@ class PretrainConfig(ModelShape):
         super().__post_init__()
         if self.eval_windows <= 0:
             raise config_error(self, "eval_windows", f"must be positive, got {self.eval_windows}")
-
-
-class PretrainBatches:
-    """Windows of the training shard, as ``input_ids`` = ``labels`` (the model shifts them)."""
-
-    def __init__(self, sampler: WindowSampler):
-        self.sampler = sampler
-
-    def next_batch(self) -> dict:
-        ids = self.sampler.next_batch()
-        # The loop needs only the loss: skip returning logits so the loss is computed in chunks.
-        return {"input_ids": ids, "labels": ids, "compute_logits": False}
-
-    def state_dict(self) -> dict:
-        return self.sampler.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.sampler.load_state_dict(state)
 
 
 def make_evaluator(shard: TokenShard, context_length: int, max_windows: int, micro_batch_size: int, device):
@@ -116,7 +99,7 @@ def pretrain(config: PretrainConfig, train: TrainConfig) -> dict[str, float]:
             model.to(ctx.device)
             torch.manual_seed(train.seed + ctx.rank)  # dropout differs across ranks
 
-            sampler = WindowSampler(
+            windows = WindowSampler(
                 train_shard, context_length, train.batch_size, train.seed, ctx.rank, ctx.world_size
             )
             wrapped = wrap_model(model, ctx, fsdp=train.fsdp)
@@ -128,7 +111,7 @@ def pretrain(config: PretrainConfig, train: TrainConfig) -> dict[str, float]:
             trainer = Trainer(
                 wrapped,
                 train,
-                PretrainBatches(sampler),
+                windows,
                 out_dir,
                 save_model=lambda directory, state: save_state_dict(model_config, state, directory),
                 ctx=ctx,
