@@ -223,22 +223,34 @@ class FinetuneTrainConfig(TrainConfig):
         return max(1, round(WARMUP_FRACTION * max_steps))
 
 
-class ExampleBatches:
-    """Epochs of shuffled examples (the same sampler as pre-training's windows), collated."""
+class ExampleBatches(EpochSampler):
+    """Fine-tuning's batch source: epochs of shuffled examples (the sampler of pre-training's
+    windows; examples of similar length batched together with ``group_by_length``), collated. Its
+    position is the epoch sampler's ``state_dict``."""
 
-    def __init__(self, examples: list[EncodedExample], sampler: EpochSampler, spec: TaskSpec):
-        self.examples, self.sampler = examples, sampler
-        self.regression, self.max_length = spec.regression, spec.max_length
+    def __init__(
+        self,
+        examples: list[EncodedExample],
+        spec: TaskSpec,
+        train: FinetuneTrainConfig,
+        rank: int,
+        world_size: int,
+    ):
+        lengths = [max(map(len, e.sequences)) for e in examples] if train.group_by_length else None
+        super().__init__(
+            len(examples),
+            train.batch_size,
+            train.seed,
+            rank,
+            world_size,
+            items="training examples",
+            lengths=lengths,
+        )
+        self.examples, self.regression, self.max_length = examples, spec.regression, spec.max_length
 
     def next_batch(self) -> dict[str, torch.Tensor]:
-        batch = [self.examples[i] for i in self.sampler.next_indices()]
+        batch = [self.examples[i] for i in self.next_indices()]
         return collate(batch, self.regression, PAD_TO_MULTIPLE, self.max_length)
-
-    def state_dict(self) -> dict:
-        return self.sampler.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.sampler.load_state_dict(state)
 
 
 class BestModel:
@@ -396,23 +408,15 @@ def _finetune(
 
         model = TaskModel(gpt, spec, config.clf_dropout, config.lm_coef, tokenizer).to(ctx.device)
         torch.manual_seed(train.seed + ctx.rank)
-        sampler = EpochSampler(
-            len(encoded_train),
-            train.batch_size,
-            train.seed,
-            ctx.rank,
-            ctx.world_size,
-            items="training examples",
-            lengths=[max(map(len, e.sequences)) for e in encoded_train] if train.group_by_length else None,
-        )
+        batches = ExampleBatches(encoded_train, spec, train, ctx.rank, ctx.world_size)
         # Step counts left unset follow the epochs.
-        max_steps = train.max_steps or config.epochs * sampler.steps_per_epoch
+        max_steps = train.max_steps or config.epochs * batches.steps_per_epoch
         train = dataclasses.replace(
             train,
             max_steps=max_steps,
             warmup_steps=train.warmup_for(max_steps),
-            eval_every=sampler.steps_per_epoch if train.eval_every is None else train.eval_every,
-            checkpoint_every=train.checkpoint_every or sampler.steps_per_epoch,
+            eval_every=batches.steps_per_epoch if train.eval_every is None else train.eval_every,
+            checkpoint_every=train.checkpoint_every or batches.steps_per_epoch,
         )
 
         def save_model(directory: Path, state: dict[str, torch.Tensor]) -> None:
@@ -438,7 +442,7 @@ def _finetune(
         trainer = Trainer(
             wrap_model(model, ctx, fsdp=train.fsdp),
             train,
-            ExampleBatches(encoded_train, sampler, spec),
+            batches,
             out_dir,
             save_model,
             ctx=ctx,
