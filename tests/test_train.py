@@ -890,7 +890,7 @@ def test_time_budget_stops_at_the_deadline_with_a_checkpoint(shards, tmp_path):
 
     trainer.data.next_batch = slower
     trainer.fit()
-    assert trainer.plan["stopped_at_deadline"] and trainer.plan["planned_steps"] == trainer.step
+    assert trainer.plan.stopped_at_deadline and trainer.plan.planned_steps == trainer.step
     assert trainer.step == 5 + 32  # planned 97 after 5 s, then 3 s an update until 100 s have passed
     assert json.loads((tmp_path / "checkpoints" / "latest.json").read_text())["step"] == 37
     resolved = json.loads((tmp_path / "run_config.json").read_text())["resolved"]
@@ -915,8 +915,8 @@ def test_a_run_that_slows_down_is_planned_again_and_still_finishes_its_schedule(
     trainer.data.next_batch = slower
     trainer.fit()
     plan = trainer.plan
-    assert plan["replanned_at"] == [49] and plan["planned_steps"] == trainer.step == 81
-    assert "stopped_at_deadline" not in plan and clock.now == pytest.approx(5 + 76 * 1.2)
+    assert plan.replanned_at == (49,) and plan.planned_steps == trainer.step == 81
+    assert not plan.stopped_at_deadline and clock.now == pytest.approx(5 + 76 * 1.2)
     lrs = [r["lr"] for r in read_metrics(tmp_path / "metrics.jsonl") if "lr" in r]
     assert lrs[-1] == pytest.approx(learning_rate(80, 3e-3, 0, 81, "wsd"))  # the decay's last step
 
@@ -925,7 +925,7 @@ def test_a_deadline_before_the_plan_ends_the_run_and_a_resume_has_nothing_left(s
     trainer, _ = make_trainer(shards, tmp_path, budget_config(eval_every=0, time_budget="3s"))
     FakeClock(trainer, update=1.0, evaluation=0.0)  # 3 s are gone before 5 updates could be timed
     trainer.fit()
-    assert trainer.step == 3 and trainer.plan["planned_steps"] == 3 and trainer.plan["stopped_at_deadline"]
+    assert trainer.step == 3 and trainer.plan.planned_steps == 3 and trainer.plan.stopped_at_deadline
     again, _ = make_trainer(
         shards, tmp_path, budget_config(eval_every=0, time_budget="3s"), model=small_model()
     )
@@ -939,7 +939,7 @@ def test_resuming_a_budgeted_run_keeps_its_plan(shards, tmp_path):
     FakeClock(first, update=1.0, evaluation=0.0)
     with pytest.raises(KeyboardInterrupt):
         first.fit()
-    assert first.plan["planned_steps"] == 97
+    assert first.plan.planned_steps == 97
     second, _ = make_trainer(shards, tmp_path, budget_config(eval_every=0), model=small_model())
     second.resume(second.latest_checkpoint(), read_state_dict)
     assert (second.max_steps, second.warmup_steps, second.step) == (97, first.warmup_steps, 8)
