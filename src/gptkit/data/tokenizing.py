@@ -41,6 +41,7 @@ Encoder = tuple[Tokenizer, list[int], np.dtype]
 
 
 def encoder_for(tokenizer: Tokenizer) -> Encoder:
+    """What tokenizes pieces with ``tokenizer``, into ids of the smallest dtype that holds its vocabulary."""
     separator = [tokenizer.special_tokens[END_OF_TEXT]] if END_OF_TEXT in tokenizer.special_tokens else []
     return tokenizer, separator, _dtype_for(len(tokenizer))
 
@@ -97,9 +98,9 @@ def _pool_context() -> multiprocessing.context.BaseContext:
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    # Workers fork from one server that imported this module (torch with it) and, if this process
-    # loaded them for GPT-1's tokenizer, spaCy and ftfy: each worker then starts in a fraction of a
-    # second. Missing modules are skipped; the list only counts when the server first starts.
+    # Workers fork from one server that imported this module (the tokenizer and torch with it)
+    # and, if this process loaded them for GPT-1's tokenizer, spaCy and ftfy: each worker then
+    # starts in a fraction of a second. Missing modules are skipped; the list only counts when the server first starts.
     preload = [m for m in ("ftfy", "spacy.lang.en") if m.split(".")[0] in sys.modules]
     context.set_forkserver_preload([__name__, *preload])
     return context
