@@ -142,8 +142,9 @@ def run_stage(out_dir: Path, resume: bool, command: str, device: str | None) -> 
     --resume) never starts a process group. Under torchrun, rank 0 alone holds the lock, read from
     torchrun's RANK since no process group exists yet; the other ranks wait for it when the group
     starts, and torchrun stops them if rank 0 is refused. SIGTERM and Ctrl-C during training reach
-    here as :class:`~gptkit.train.loop.Interrupted`, after the checkpoint, and are torn down as
-    any error; one outside the loop ends the process, and the system releases the lock (``flock``).
+    here as :class:`~gptkit.train.loop.Interrupted`, after the checkpoint, and Ctrl-C elsewhere as
+    KeyboardInterrupt: both are torn down as any error. SIGTERM outside the loop ends the process
+    at once (its default action), and the system releases the lock (``flock``).
     """
     is_main = int(os.environ.get("RANK", "0")) == 0
     with RunDir(out_dir).writer_lock(command) if is_main else contextlib.nullcontext():
