@@ -5,39 +5,7 @@ files), :mod:`gptkit.data.benchmarks` (the public benchmarks' readers) or :mod:`
 
 import warnings
 
-from gptkit.data.benchmarks import (  # noqa: F401
-    BINARY_ENTAILMENT_LABELS,
-    NLI_LABELS,
-    NO_GOLD_LABEL,
-    QQP_LABELS,
-    RACE_LEVELS,
-    SCITAIL_LABELS,
-    read_cola,
-    read_mctest,
-    read_mrpc,
-    read_nli,
-    read_qnli,
-    read_qqp,
-    read_race,
-    read_rte,
-    read_scitail,
-    read_sst2,
-    read_story_cloze,
-    read_stsb,
-)
-from gptkit.data.examples import OPTIONAL_FIELDS, TASKS, TEXT_FIELDS, Example, Task  # noqa: F401
-from gptkit.data.formats import DataError  # noqa: F401
-from gptkit.data.registry import (  # noqa: F401
-    DATASETS,
-    REGISTRY,
-    STORY_CLOZE_DEV,
-    STORY_CLOZE_SEED,
-    Archive,
-    Dataset,
-    Source,
-    read_dataset,
-)
-from gptkit.data.tables import parse_columns, read_table  # noqa: F401
+from gptkit.data import benchmarks, examples, formats, registry, tables
 
 warnings.warn(
     "gptkit.data.readers is deprecated: import gptkit.data.registry (REGISTRY, DATASETS, read_dataset), "
@@ -45,3 +13,11 @@ warnings.warn(
     DeprecationWarning,
     stacklevel=2,
 )
+
+
+def __getattr__(name: str) -> object:
+    """A public name of the modules this one was split into (DataError is formats')."""
+    for module in (registry, tables, benchmarks, examples, formats):
+        if not name.startswith("_") and hasattr(module, name):
+            return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
