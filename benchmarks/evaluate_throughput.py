@@ -36,7 +36,7 @@ from common import DATA, TIME_LIMIT_S, MeasurementTimeout, comparison, emit, med
 
 from gptkit import GPT
 from gptkit.data.batching import PAD_TO_MULTIPLE
-from gptkit.data.readers import read_dataset
+from gptkit.data.registry import read_dataset
 from gptkit.data.tasks import TaskSpec, collate, encode_examples, special_token_ids
 from gptkit.evaluate import lm
 from gptkit.hardware import bf16_native

@@ -27,7 +27,7 @@ import torch
 from common import DATA, comparison, emit, median
 
 from gptkit import GPT, GPTConfig, Tokenizer
-from gptkit.data.readers import read_dataset
+from gptkit.data.registry import read_dataset
 from gptkit.evaluate.harness import write_local_task
 
 REPEATS = 3

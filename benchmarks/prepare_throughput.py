@@ -26,7 +26,7 @@ from pathlib import Path
 
 from common import DATA, comparison, emit, median, skipped
 
-from gptkit.data.shards import prepare
+from gptkit.data.prepare import prepare
 
 BOOKS = sorted((DATA / "gutenberg").glob("*.txt"))
 
@@ -78,7 +78,7 @@ def tree_rss_bytes(root: int) -> int:
 def peak_rss_mb(tokenizer: Path, corpus: Path, out: Path, workers: int) -> float:
     """Peak summed RSS of a fresh process running `prepare` on ``corpus``, with its workers."""
     code = (
-        "import sys; from gptkit.data.shards import prepare; "
+        "import sys; from gptkit.data.prepare import prepare; "
         "prepare(sys.argv[1], [sys.argv[2]], sys.argv[3], show_progress=False, workers=int(sys.argv[4]))"
     )
     process = subprocess.Popen(

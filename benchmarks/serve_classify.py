@@ -40,7 +40,7 @@ from common import DATA, REPO, comparison, emit, median
 from serve_throughput import Server, free_port
 
 from gptkit import GPT, GPTConfig
-from gptkit.data.readers import read_dataset
+from gptkit.data.registry import read_dataset
 from gptkit.data.tasks import EncodedExample, TaskSpec, special_token_ids
 from gptkit.model.lora import AdapterSet
 from gptkit.model.task import TaskModel

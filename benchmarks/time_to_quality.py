@@ -22,7 +22,7 @@ from pathlib import Path
 
 from common import DATA, comparison, emit
 
-from gptkit.data.shards import prepare
+from gptkit.data.prepare import prepare
 from gptkit.demo import RECIPES, PretrainRecipe, demo_corpus
 from gptkit.evaluate.lm import held_out_bits_per_byte
 from gptkit.hardware import resolve_device, resolve_precision

@@ -56,7 +56,7 @@ def test_quick_demo_runs_every_stage(demo, data_dir):
     assert summary["tasks"]["sst2"]["pretrained"] == summary["sst2_dev_accuracy"]["pretrained"]
     # The tasks' unlabelled text joined pre-training: every training sentence and story opening,
     # and nothing of what is reported or of the labels (no dev sentence, no story ending).
-    from gptkit.data.readers import read_dataset
+    from gptkit.data.registry import read_dataset
 
     sst2 = (demo / "task_text" / "sst2.txt").read_text(encoding="utf-8").splitlines()
     assert sst2 == [e.fields["text"] for e in read_dataset("sst2", "train", data_dir)]
@@ -172,7 +172,7 @@ def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     # The heuristic by hand (§5): after "<sentence> very", is "positive" likelier than "negative"?
-    from gptkit.data.readers import read_dataset
+    from gptkit.data.registry import read_dataset
 
     def logprob(prefix: list[int], word: list[int]) -> float:
         ids = torch.tensor([prefix + word])
@@ -249,7 +249,7 @@ def test_evaluate_and_predict_commands(demo, data_dir, tmp_path):
     report = json.loads(result.stdout)
     # The same score by another path: the task model's predict() (label names from its logits)
     # against the labels in the file; and one sentence at a time (no padding) as in batches.
-    from gptkit.data.readers import read_dataset
+    from gptkit.data.registry import read_dataset
     from gptkit.model.task import TaskModel
 
     task_model = TaskModel.from_pretrained(model, device="cpu").eval()
@@ -361,7 +361,7 @@ def test_bad_config_values_are_one_line_errors(tmp_path):
 
 
 def test_prepare_command_writes_the_shards_prepare_writes(data_dir, tmp_path):
-    from gptkit.data.shards import prepare
+    from gptkit.data.prepare import prepare
 
     book = data_dir / "gutenberg" / "pg11.txt"
     result = gptkit(

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gptkit.cli import main
-from gptkit.data.shards import prepare
+from gptkit.data.prepare import prepare
 
 # Forty documents of varied length (an empty one among them: it counts, but adds no tokens).
 DOCS = [

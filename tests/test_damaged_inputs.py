@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from gptkit import GPT, GPTConfig
-from gptkit.data.shards import TokenShard, prepare
+from gptkit.data.prepare import prepare
+from gptkit.data.shards import TokenShard
 from gptkit.io import read_json, read_train_state
 from gptkit.model.weights import (
     PYTORCH_NAME,

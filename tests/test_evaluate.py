@@ -324,7 +324,7 @@ def test_seed_paired_difference_by_hand():
 def test_bits_per_byte_of_a_uniform_model_is_log2_vocab_per_token(data_dir, tmp_path):
     """Zero output weights predict every token with probability 1/V: each scored token costs
     log2(V) bits, and the bytes are those of the held-out text as read (line ends made plain)."""
-    from gptkit.data.shards import prepare
+    from gptkit.data.prepare import prepare
 
     text = "The cat sat on the mat.\r\nAnd then it slept.\r\n" * 40
     corpus = tmp_path / "corpus.txt"

@@ -30,7 +30,7 @@ from safetensors.torch import load_file
 import gptkit.train.checkpointer as checkpointer_module
 import gptkit.train.pretrain as pretrain_module
 from gptkit.cli import main
-from gptkit.data.shards import prepare
+from gptkit.data.prepare import prepare
 from gptkit.io import writer_lock
 from gptkit.tokenizer import train_bpe
 from gptkit.train.checkpointer import verify_manifest

@@ -11,7 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from gptkit import GPT, GPTConfig
-from gptkit.data.readers import DataError, Example, read_dataset, read_table
+from gptkit.data.examples import Example
+from gptkit.data.formats import DataError
+from gptkit.data.registry import read_dataset
+from gptkit.data.tables import read_table
 from gptkit.data.tasks import TaskSpec, build_sequences, collate, encode_examples, fit_segments
 from gptkit.evaluate.finetuned import evaluate_model, predict
 from gptkit.model.task import TaskModel

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 from gptkit import GPT, GPTConfig
-from gptkit.data.readers import parse_columns, read_table
+from gptkit.data.tables import parse_columns, read_table
 from gptkit.data.tasks import TaskSpec, special_token_ids, task_metrics
 from gptkit.io import read_safetensors
 from gptkit.model.lora import (

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gptkit.data.readers import DataError, Example, parse_columns, read_table
+from gptkit.data.examples import Example
+from gptkit.data.formats import DataError
+from gptkit.data.tables import parse_columns, read_table
 from gptkit.data.tasks import (
     TaskSpec,
     build_sequences,

@@ -16,20 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from gptkit.data import readers as readers_module
+from gptkit.data.benchmarks import read_nli, read_qnli, read_qqp, read_race, read_scitail
 from gptkit.data.fetch import fetch
-from gptkit.data.readers import (
-    DATASETS,
-    REGISTRY,
-    Archive,
-    DataError,
-    read_dataset,
-    read_nli,
-    read_qnli,
-    read_qqp,
-    read_race,
-    read_scitail,
-)
+from gptkit.data.formats import DataError
+from gptkit.data.registry import DATASETS, REGISTRY, Archive, read_dataset
 
 
 def pairs(examples) -> list[tuple[str, str, str | None]]:
@@ -279,7 +269,7 @@ def with_source(monkeypatch, name: str, **changes) -> None:
     """Change fields of a dataset's archive source in the registry, for this test."""
     dataset = REGISTRY[name]
     source = dataclasses.replace(dataset.source, **changes)
-    monkeypatch.setitem(readers_module.REGISTRY, name, dataclasses.replace(dataset, source=source))
+    monkeypatch.setitem(REGISTRY, name, dataclasses.replace(dataset, source=source))
 
 
 def serve(monkeypatch, name: str, archive: Path, checksum: str | None = "real") -> None:

@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gptkit.data import shards
+from gptkit.data import tokenizing
 from gptkit.data.corpus import corpus_files, read_pieces
-from gptkit.data.shards import TokenShard, check_shard_tokenizer, combine, prepare
+from gptkit.data.prepare import prepare
+from gptkit.data.shards import TokenShard, check_shard_tokenizer, combine
 from gptkit.tokenizer import Tokenizer
 
 
@@ -38,11 +39,11 @@ def test_this_process_and_its_helpers_share_the_batches(data_dir, tmp_path, monk
     the interleaving of its batches with the helpers' still writes one worker's shards."""
     books = [data_dir / "gutenberg" / name for name in ("pg11.txt", "pg16.txt")]  # ~7 batches
     one = prepared(data_dir / "gpt2_bpe", books, tmp_path / "one", workers=1)
-    monkeypatch.setattr(shards, "TASKS_AHEAD", 1)
+    monkeypatch.setattr(tokenizing, "TASKS_AHEAD", 1)
     here = []  # texts tokenized in this process (the helpers run their own copy of the module)
-    original = shards._encode
+    original = tokenizing._encode
     monkeypatch.setattr(
-        shards, "_encode", lambda encoder, text, ends: here.append(text) or original(encoder, text, ends)
+        tokenizing, "_encode", lambda encoder, text, ends: here.append(text) or original(encoder, text, ends)
     )
     n_pieces = sum(1 for _ in read_pieces(corpus_files(books), "text", 0.05))
     for workers in (2, 3):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gptkit import GPT, GPTConfig
-from gptkit.data.readers import DATASETS, read_dataset
+from gptkit.data.registry import DATASETS, read_dataset
 from gptkit.evaluate.finetuned import correct_per_example, evaluate_model
 from gptkit.evaluate.zeroshot import zeroshot
 from gptkit.generation import load_for_generation

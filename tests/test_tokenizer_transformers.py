@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gptkit import GPT, GPTConfig, generate
-from gptkit.data.shards import prepare
+from gptkit.data.prepare import prepare
 from gptkit.tokenizer import Tokenizer, train_bpe
 from gptkit.train.config import TrainConfig
 from gptkit.train.pretrain import PretrainConfig, pretrain

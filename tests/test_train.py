@@ -16,8 +16,10 @@ import pytest
 import torch
 
 from gptkit import GPT, GPTConfig
+from gptkit.data.prepare import prepare
 from gptkit.data.sampler import EpochSampler
-from gptkit.data.shards import TokenShard, WindowSampler, prepare
+from gptkit.data.shards import TokenShard
+from gptkit.data.windows import WindowSampler
 from gptkit.model.weights import read_state_dict, save_state_dict
 from gptkit.tokenizer import Tokenizer
 from gptkit.train.loop import NonFiniteLossError, TrainConfig, Trainer, read_metrics
@@ -29,7 +31,7 @@ from gptkit.train.optim import (
     learning_rate,
     orthogonalize,
 )
-from gptkit.train.pretrain import PretrainBatches, make_evaluator
+from gptkit.train.pretrain import make_evaluator
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -150,13 +152,13 @@ def test_windows_are_drawn_without_replacement_and_shared_across_ranks(shards):
     sampler = WindowSampler(shard, context_length=32, batch_size=8, seed=1)
     n_windows = shard.n_windows(32)
     n_batches = n_windows // 8
-    seen = [tuple(w.tolist()) for _ in range(n_batches) for w in sampler.next_batch()]
+    seen = [tuple(w.tolist()) for _ in range(n_batches) for w in sampler.next_windows()]
     all_windows = {tuple(shard.window(i, 32).tolist()) for i in range(n_windows)}
     assert len(set(seen)) == len(seen) == n_batches * 8  # no window twice in an epoch
     assert set(seen) <= all_windows
     # Two ranks take the two halves of the same global batch.
-    whole = WindowSampler(shard, 32, 8, seed=5).next_batch()
-    halves = [WindowSampler(shard, 32, 8, seed=5, rank=r, world_size=2).next_batch() for r in (0, 1)]
+    whole = WindowSampler(shard, 32, 8, seed=5).next_windows()
+    halves = [WindowSampler(shard, 32, 8, seed=5, rank=r, world_size=2).next_windows() for r in (0, 1)]
     assert torch.equal(torch.cat(halves), whole)
 
 
@@ -302,7 +304,7 @@ class InterruptAt:
 def make_trainer(shards, out_dir, config, model=None, interrupt_at=None, **trainer_options):
     model = model or small_model()
     shard = TokenShard.open(shards, "train")
-    data = PretrainBatches(WindowSampler(shard, 32, config.batch_size, config.seed))
+    data = WindowSampler(shard, 32, config.batch_size, config.seed)
     if interrupt_at:
         data = InterruptAt(data, interrupt_at)
     evaluate = make_evaluator(TokenShard.open(shards, "val"), 32, 8, 4, torch.device("cpu"))
@@ -888,7 +890,7 @@ def test_time_budget_stops_at_the_deadline_with_a_checkpoint(shards, tmp_path):
 
     trainer.data.next_batch = slower
     trainer.fit()
-    assert trainer.plan["stopped_at_deadline"] and trainer.plan["planned_steps"] == trainer.step
+    assert trainer.plan.stopped_at_deadline and trainer.plan.planned_steps == trainer.step
     assert trainer.step == 5 + 32  # planned 97 after 5 s, then 3 s an update until 100 s have passed
     assert json.loads((tmp_path / "checkpoints" / "latest.json").read_text())["step"] == 37
     resolved = json.loads((tmp_path / "run_config.json").read_text())["resolved"]
@@ -913,8 +915,8 @@ def test_a_run_that_slows_down_is_planned_again_and_still_finishes_its_schedule(
     trainer.data.next_batch = slower
     trainer.fit()
     plan = trainer.plan
-    assert plan["replanned_at"] == [49] and plan["planned_steps"] == trainer.step == 81
-    assert "stopped_at_deadline" not in plan and clock.now == pytest.approx(5 + 76 * 1.2)
+    assert plan.replanned_at == (49,) and plan.planned_steps == trainer.step == 81
+    assert not plan.stopped_at_deadline and clock.now == pytest.approx(5 + 76 * 1.2)
     lrs = [r["lr"] for r in read_metrics(tmp_path / "metrics.jsonl") if "lr" in r]
     assert lrs[-1] == pytest.approx(learning_rate(80, 3e-3, 0, 81, "wsd"))  # the decay's last step
 
@@ -923,7 +925,7 @@ def test_a_deadline_before_the_plan_ends_the_run_and_a_resume_has_nothing_left(s
     trainer, _ = make_trainer(shards, tmp_path, budget_config(eval_every=0, time_budget="3s"))
     FakeClock(trainer, update=1.0, evaluation=0.0)  # 3 s are gone before 5 updates could be timed
     trainer.fit()
-    assert trainer.step == 3 and trainer.plan["planned_steps"] == 3 and trainer.plan["stopped_at_deadline"]
+    assert trainer.step == 3 and trainer.plan.planned_steps == 3 and trainer.plan.stopped_at_deadline
     again, _ = make_trainer(
         shards, tmp_path, budget_config(eval_every=0, time_budget="3s"), model=small_model()
     )
@@ -937,7 +939,7 @@ def test_resuming_a_budgeted_run_keeps_its_plan(shards, tmp_path):
     FakeClock(first, update=1.0, evaluation=0.0)
     with pytest.raises(KeyboardInterrupt):
         first.fit()
-    assert first.plan["planned_steps"] == 97
+    assert first.plan.planned_steps == 97
     second, _ = make_trainer(shards, tmp_path, budget_config(eval_every=0), model=small_model())
     second.resume(second.latest_checkpoint(), read_state_dict)
     assert (second.max_steps, second.warmup_steps, second.step) == (97, first.warmup_steps, 8)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gptkit.data.shards import prepare
+from gptkit.data.prepare import prepare
 from gptkit.train.loop import read_metrics
 from tests.test_train import loop_config, make_trainer
 

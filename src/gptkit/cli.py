@@ -227,7 +227,7 @@ def cmd_tokenize(config) -> None:
 
 
 def cmd_prepare(config) -> None:
-    from gptkit.data.shards import prepare_shards
+    from gptkit.data.prepare import prepare_shards
 
     counts = prepare_shards(config)["counts"]
     print(f"wrote {config.out}: {counts['train']:,} training and {counts['val']:,} validation tokens")
@@ -360,7 +360,7 @@ class Command:
 def _commands() -> list[Command]:
     # Imported here rather than at the top: the training modules are the heaviest of the package.
     from gptkit.data.fetch import FetchConfig
-    from gptkit.data.shards import PrepareConfig
+    from gptkit.data.prepare import PrepareConfig
     from gptkit.demo import DemoConfig
     from gptkit.evaluate.finetuned import LabelledDataConfig, PredictConfig
     from gptkit.evaluate.harness import HarnessConfig

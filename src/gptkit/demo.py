@@ -41,8 +41,9 @@ import numpy as np
 
 from gptkit import hub
 from gptkit.data.metrics import paired_difference
-from gptkit.data.readers import DATASETS, read_dataset
-from gptkit.data.shards import TokenShard, prepare
+from gptkit.data.prepare import prepare
+from gptkit.data.registry import DATASETS, read_dataset
+from gptkit.data.shards import TokenShard
 from gptkit.evaluate.finetuned import correct_per_example
 from gptkit.evaluate.tradeoff import passages_from_text, sweep
 from gptkit.generation import SamplingParams, generate_text, load_for_generation

@@ -1,6 +1,6 @@
 """`gptkit data fetch`: the datasets from their canonical public sources, or a local mirror.
 
-Which files and where from is :data:`gptkit.data.readers.REGISTRY`, the one list of datasets. Two
+Which files and where from is :data:`gptkit.data.registry.REGISTRY`, the one list of datasets. Two
 kinds of source. A ``Source`` is files in a public repository at a pinned commit (the same files
 the tests and the demo read). An ``Archive`` is a zip or tar.gz at its publisher's URL (SNLI,
 MultiNLI, GLUE's QNLI and QQP, SciTail, RACE): it is downloaded into ``OUT/.downloads``, checked,
@@ -28,7 +28,7 @@ from typing import IO
 
 from tqdm import tqdm
 
-from gptkit.data.readers import REGISTRY, Archive, Dataset, Source
+from gptkit.data.registry import REGISTRY, Archive, Dataset, Source
 from gptkit.io import atomic_write, file_sha256
 
 RAW = "https://raw.githubusercontent.com/{repo}/{commit}/{path}"

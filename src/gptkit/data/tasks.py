@@ -24,8 +24,9 @@ import torch
 
 from gptkit.config import IGNORE_INDEX
 from gptkit.data.batching import padded_length
+from gptkit.data.examples import TASKS, Example, check_text
+from gptkit.data.formats import DataError
 from gptkit.data.metrics import classification_metrics, regression_metrics
-from gptkit.data.readers import TASKS, DataError, Example, _check_text
 from gptkit.tokenizer import GPT1_SPECIAL_TOKENS, Tokenizer
 
 
@@ -162,7 +163,7 @@ def encode_examples(
     encoded, skipped = [], 0
     for example in examples:
         try:
-            _check_text(example, spec.task)
+            check_text(example, spec.task)
             target = _target(example, spec)
             if target is None and require_labels:
                 raise DataError(f"{example.source}: field 'label' is missing")

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gptkit import hub
-from gptkit.data.readers import Example, parse_columns, read_dataset, read_table
+from gptkit.data.examples import Example
+from gptkit.data.registry import read_dataset
+from gptkit.data.tables import parse_columns, read_table
 from gptkit.data.tasks import task_metrics
 from gptkit.hardware import DEVICE_HELP
 from gptkit.io import atomic_write, read_json_object

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from gptkit.data.readers import read_dataset
+from gptkit.data.registry import read_dataset
 from gptkit.evaluate import lm
 from gptkit.generation import start_ids
 from gptkit.generation.text import InferenceConfig

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from gptkit import hub
 from gptkit.data.batching import PAD_TO_MULTIPLE, PADDING_SLACK, length_batches
-from gptkit.data.readers import OPTIONAL_FIELDS, TEXT_FIELDS, Example
+from gptkit.data.examples import OPTIONAL_FIELDS, TEXT_FIELDS, Example
 from gptkit.data.tasks import EncodedExample, TaskSpec, collate, encode_examples
 from gptkit.hardware import resolve_device
 from gptkit.io import read_json_object, read_safetensors, save_safetensors, write_json

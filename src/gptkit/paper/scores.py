@@ -16,7 +16,7 @@ class Evaluation:
     """One score of the paper's tables and the set we compute ours on."""
 
     title: str  # the paper's column name
-    dataset: str  # a gptkit.data.readers.DATASETS name
+    dataset: str  # a gptkit.data.registry.DATASETS name
     split: str  # test where its labels are public, else dev
     paper: float  # the paper's score
 

@@ -31,8 +31,9 @@ import torch
 
 from gptkit import hub
 from gptkit.config import config_error
+from gptkit.data.examples import Example
 from gptkit.data.metrics import seed_paired_difference
-from gptkit.data.readers import DATASETS, Example, read_dataset
+from gptkit.data.registry import DATASETS, read_dataset
 from gptkit.data.tasks import task_metrics
 from gptkit.io import atomic_write, read_json, write_json
 from gptkit.model.task import TaskModel

@@ -30,7 +30,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from gptkit.data.readers import DataError
+from gptkit.data.formats import DataError
 from gptkit.generation import start_ids
 from gptkit.serve.batcher import Batcher, BatchFailed
 from gptkit.serve.config import ServeLimits

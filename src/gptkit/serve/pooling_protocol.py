@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gptkit.data.readers import OPTIONAL_FIELDS, TEXT_FIELDS
+from gptkit.data.examples import OPTIONAL_FIELDS, TEXT_FIELDS
 from gptkit.serve.config import ServeLimits
 from gptkit.serve.protocol import (
     bad_request,

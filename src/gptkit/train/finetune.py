@@ -23,8 +23,11 @@ import torch.nn as nn
 from gptkit import hub
 from gptkit.config import config_error
 from gptkit.data.batching import PAD_TO_MULTIPLE
-from gptkit.data.readers import DATASETS, DataError, Example, parse_columns, read_dataset, read_table
+from gptkit.data.examples import Example
+from gptkit.data.formats import DataError
+from gptkit.data.registry import DATASETS, read_dataset
 from gptkit.data.sampler import EpochSampler
+from gptkit.data.tables import parse_columns, read_table
 from gptkit.data.tasks import (
     EncodedExample,
     TaskSpec,
@@ -44,8 +47,6 @@ from gptkit.train.config import TrainConfig
 from gptkit.train.distributed import (
     DistributedContext,
     full_model_state_dict,
-    init_distributed,
-    shutdown_distributed,
     unwrap,
     wrap_model,
 )
@@ -54,9 +55,9 @@ from gptkit.train.run import (
     ModelShape,
     base_vocab_size,
     build_model,
-    hold_run_dir,
     resume_latest,
     run_config,
+    run_stage,
 )
 from gptkit.train.rundir import RunDir
 
@@ -220,22 +221,34 @@ class FinetuneTrainConfig(TrainConfig):
         return max(1, round(WARMUP_FRACTION * max_steps))
 
 
-class ExampleBatches:
-    """Epochs of shuffled examples (the same sampler as pre-training's windows), collated."""
+class ExampleBatches(EpochSampler):
+    """Fine-tuning's batch source: epochs of shuffled examples (the sampler of pre-training's
+    windows; examples of similar length batched together with ``group_by_length``), collated. Its
+    position is the epoch sampler's ``state_dict``."""
 
-    def __init__(self, examples: list[EncodedExample], sampler: EpochSampler, spec: TaskSpec):
-        self.examples, self.sampler = examples, sampler
-        self.regression, self.max_length = spec.regression, spec.max_length
+    def __init__(
+        self,
+        examples: list[EncodedExample],
+        spec: TaskSpec,
+        train: FinetuneTrainConfig,
+        rank: int,
+        world_size: int,
+    ):
+        lengths = [max(map(len, e.sequences)) for e in examples] if train.group_by_length else None
+        super().__init__(
+            len(examples),
+            train.batch_size,
+            train.seed,
+            rank,
+            world_size,
+            items="training examples",
+            lengths=lengths,
+        )
+        self.examples, self.regression, self.max_length = examples, spec.regression, spec.max_length
 
     def next_batch(self) -> dict[str, torch.Tensor]:
-        batch = [self.examples[i] for i in self.sampler.next_indices()]
+        batch = [self.examples[i] for i in self.next_indices()]
         return collate(batch, self.regression, PAD_TO_MULTIPLE, self.max_length)
-
-    def state_dict(self) -> dict:
-        return self.sampler.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.sampler.load_state_dict(state)
 
 
 class BestModel:
@@ -363,116 +376,105 @@ def finetune(config: FinetuneConfig, train: FinetuneTrainConfig) -> dict:
         raise config_error(config, "tokenizer", "is required when training from scratch (no --init)")
     out_dir = Path(config.out)
     hub.ensure_available(config.init, tokenizer_dir)  # a name that cannot be had leaves no run folder
-    with hold_run_dir(out_dir, config.resume, "finetune"):
-        return _finetune(config, train, metric, tokenizer_dir, out_dir)
+    with run_stage(out_dir, config.resume, "finetune", config.device) as ctx:
+        return _finetune(config, train, metric, tokenizer_dir, out_dir, ctx)
 
 
 def _finetune(
-    config: FinetuneConfig, train: FinetuneTrainConfig, metric: str, tokenizer_dir: str, out_dir: Path
+    config: FinetuneConfig,
+    train: FinetuneTrainConfig,
+    metric: str,
+    tokenizer_dir: str,
+    out_dir: Path,
+    ctx: DistributedContext,
 ) -> dict:
-    """:func:`finetune`'s work, while the run directory is held."""
-    ctx = init_distributed(config.device)
-    try:
-        tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
-        specials = special_token_ids(tokenizer)
-        torch.manual_seed(train.seed)
-        gpt = build_gpt(config, tokenizer, specials)
+    """:func:`finetune`'s work, while the run directory is held and the process group runs."""
+    tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
+    specials = special_token_ids(tokenizer)
+    torch.manual_seed(train.seed)
+    gpt = build_gpt(config, tokenizer, specials)
 
-        train_examples = load_examples(config, "train")[: config.max_train_examples]
-        dev_examples = load_examples(config, "dev")[: config.max_eval_examples]
-        spec = task_spec(config, train_examples, gpt, specials, metric)
-        encode = tokenizer.encode
-        encoded_train, skipped_train = encode_examples(
-            train_examples, spec, encode, skip_bad_rows=config.skip_bad_rows
-        )
-        encoded_dev, skipped_dev = encode_examples(
-            dev_examples, spec, encode, skip_bad_rows=config.skip_bad_rows
-        )
-        if ctx.is_main and (skipped_train or skipped_dev):
-            print(f"skipped bad rows: {skipped_train} in train, {skipped_dev} in dev")
+    train_examples = load_examples(config, "train")[: config.max_train_examples]
+    dev_examples = load_examples(config, "dev")[: config.max_eval_examples]
+    spec = task_spec(config, train_examples, gpt, specials, metric)
+    encode = tokenizer.encode
+    encoded_train, skipped_train = encode_examples(
+        train_examples, spec, encode, skip_bad_rows=config.skip_bad_rows
+    )
+    encoded_dev, skipped_dev = encode_examples(dev_examples, spec, encode, skip_bad_rows=config.skip_bad_rows)
+    if ctx.is_main and (skipped_train or skipped_dev):
+        print(f"skipped bad rows: {skipped_train} in train, {skipped_dev} in dev")
 
-        model = TaskModel(gpt, spec, config.clf_dropout, config.lm_coef, tokenizer).to(ctx.device)
-        torch.manual_seed(train.seed + ctx.rank)
-        sampler = EpochSampler(
-            len(encoded_train),
-            train.batch_size,
-            train.seed,
-            ctx.rank,
-            ctx.world_size,
-            items="training examples",
-            lengths=[max(map(len, e.sequences)) for e in encoded_train] if train.group_by_length else None,
-        )
-        # Step counts left unset follow the epochs.
-        max_steps = train.max_steps or config.epochs * sampler.steps_per_epoch
-        train = dataclasses.replace(
+    model = TaskModel(gpt, spec, config.clf_dropout, config.lm_coef, tokenizer).to(ctx.device)
+    torch.manual_seed(train.seed + ctx.rank)
+    batches = ExampleBatches(encoded_train, spec, train, ctx.rank, ctx.world_size)
+    # Step counts left unset follow the epochs.
+    max_steps = train.max_steps or config.epochs * batches.steps_per_epoch
+    train = dataclasses.replace(
+        train,
+        max_steps=max_steps,
+        warmup_steps=train.warmup_for(max_steps),
+        eval_every=batches.steps_per_epoch if train.eval_every is None else train.eval_every,
+        checkpoint_every=train.checkpoint_every or batches.steps_per_epoch,
+    )
+
+    def save_model(directory: Path, state: dict[str, torch.Tensor]) -> None:
+        save_task_model(directory, gpt.config, state, {**model.task_info(), **lora_info(config, specials)})
+
+    def load_model_state(checkpoint: Path) -> dict[str, torch.Tensor]:
+        # A LoRA checkpoint holds the adapter alone: the frozen rest is the model's own.
+        return read_task_state(checkpoint, model.state_dict())
+
+    trained, total = trainable_parameters(model)
+    if ctx.is_main and config.lora_rank is not None:
+        print(f"LoRA: training {trained:,} of {total:,} parameters ({100 * trained / total:.2f}%)")
+
+    def evaluate(module: nn.Module) -> dict[str, float]:
+        logits = unwrap(module).logits(encoded_dev, config.eval_batch_size)
+        metrics = task_metrics(spec, logits, [e.target for e in encoded_dev])
+        return {f"dev_{k}": v for k, v in metrics.items()}
+
+    best = BestModel(out_dir, metric, save_model, ctx, config.resume)
+    examples = {"train": len(encoded_train), "dev": len(encoded_dev)}
+    trainer = Trainer(
+        wrap_model(model, ctx, fsdp=train.fsdp),
+        train,
+        batches,
+        out_dir,
+        save_model,
+        ctx=ctx,
+        evaluate=evaluate,
+        after_evaluate=best,
+        run_config=run_config(
+            "finetune",
+            config,
             train,
-            max_steps=max_steps,
-            warmup_steps=train.warmup_for(max_steps),
-            eval_every=sampler.steps_per_epoch if train.eval_every is None else train.eval_every,
-            checkpoint_every=train.checkpoint_every or sampler.steps_per_epoch,
-        )
-
-        def save_model(directory: Path, state: dict[str, torch.Tensor]) -> None:
-            save_task_model(
-                directory, gpt.config, state, {**model.task_info(), **lora_info(config, specials)}
-            )
-
-        def load_model_state(checkpoint: Path) -> dict[str, torch.Tensor]:
-            # A LoRA checkpoint holds the adapter alone: the frozen rest is the model's own.
-            return read_task_state(checkpoint, model.state_dict())
-
-        trained, total = trainable_parameters(model)
-        if ctx.is_main and config.lora_rank is not None:
-            print(f"LoRA: training {trained:,} of {total:,} parameters ({100 * trained / total:.2f}%)")
-
-        def evaluate(module: nn.Module) -> dict[str, float]:
-            logits = unwrap(module).logits(encoded_dev, config.eval_batch_size)
-            metrics = task_metrics(spec, logits, [e.target for e in encoded_dev])
-            return {f"dev_{k}": v for k, v in metrics.items()}
-
-        best = BestModel(out_dir, metric, save_model, ctx, config.resume)
-        examples = {"train": len(encoded_train), "dev": len(encoded_dev)}
-        trainer = Trainer(
-            wrap_model(model, ctx, fsdp=train.fsdp),
-            train,
-            ExampleBatches(encoded_train, sampler, spec),
-            out_dir,
-            save_model,
-            ctx=ctx,
-            evaluate=evaluate,
-            after_evaluate=best,
-            run_config=run_config(
-                "finetune",
-                config,
-                train,
-                gpt.config,
-                task=spec.to_dict(),
-                examples=examples,
-                skipped_rows={"train": skipped_train, "dev": skipped_dev},
-            ),
-        )
-        if ctx.is_main:
-            tokenizer.save_pretrained(out_dir)
-        if config.resume:
-            resume_latest(trainer, load_model_state)
-        trainer.fit()
-        if ctx.is_main and config.merge and best.best.get("step") is not None:
-            # The best adapter, applied to its base and merged: a full model like any other.
-            TaskModel.from_pretrained(out_dir, device="cpu").save_pretrained(out_dir / MERGED_DIR)
-        results = {
-            "task": spec.task,
-            "metric": metric,
-            "best_step": best.best.get("step"),
-            "best": best.best.get("metrics", {}),
-            "steps": trainer.step,
-            "examples": examples,
-            "lm_coef": config.lm_coef,
-            "init": config.init,
-            "trainable_parameters": trained,
-            "parameters": total,
-        }
-        if ctx.is_main:
-            write_json(RunDir(out_dir).results, results)
-        return results
-    finally:
-        shutdown_distributed()
+            gpt.config,
+            task=spec.to_dict(),
+            examples=examples,
+            skipped_rows={"train": skipped_train, "dev": skipped_dev},
+        ),
+    )
+    if ctx.is_main:
+        tokenizer.save_pretrained(out_dir)
+    if config.resume:
+        resume_latest(trainer, load_model_state)
+    trainer.fit()
+    if ctx.is_main and config.merge and best.best.get("step") is not None:
+        # The best adapter, applied to its base and merged: a full model like any other.
+        TaskModel.from_pretrained(out_dir, device="cpu").save_pretrained(out_dir / MERGED_DIR)
+    results = {
+        "task": spec.task,
+        "metric": metric,
+        "best_step": best.best.get("step"),
+        "best": best.best.get("metrics", {}),
+        "steps": trainer.step,
+        "examples": examples,
+        "lm_coef": config.lm_coef,
+        "init": config.init,
+        "trainable_parameters": trained,
+        "parameters": total,
+    }
+    if ctx.is_main:
+        write_json(RunDir(out_dir).results, results)
+    return results

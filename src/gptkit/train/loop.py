@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from gptkit.hardware import matmul_peak_flops, resolve_precision
 from gptkit.io import write_json
-from gptkit.train.budget import TimeBudget
+from gptkit.train.budget import BudgetPlan, TimeBudget
 from gptkit.train.checkpointer import CheckpointConfig, Checkpointer, SaveModel, set_rng_state
 from gptkit.train.config import TrainConfig, parse_duration
 from gptkit.train.distributed import DistributedContext, gradient_sync, unwrap
@@ -158,15 +158,25 @@ class Trainer:
         self.last_metrics: dict[str, float] = {}
         self.flops_per_token = training_flops_per_token(unwrap(model))
         self.peak_flops: float | None = None  # measured when training starts (MFU's denominator)
-        # The plan: updates to run and their warm-up. A time budget replaces it once the first
-        # updates are timed; the config itself is never changed.
         if config.max_steps is None:
             raise ValueError("TrainConfig.max_steps must be set before training (fine-tuning derives it)")
-        self.max_steps = config.max_steps
-        self.warmup_steps = config.warmup_for(config.max_steps)
-        self.plan: dict[str, Any] = {}
+        # A time budget's plan, once the first updates are timed: the schedule follows it, and
+        # checkpoints save it. The config itself is never changed.
+        self.plan: BudgetPlan | None = None
         self.clock: Callable[[], float] = time.perf_counter  # what time budgets are measured with
         self.evaluation_seconds = 0.0  # spent evaluating, in all (a time budget's pace excludes it)
+
+    @property
+    def max_steps(self) -> int:
+        """The run's last update: the time budget's plan, else the config's."""
+        return self.config.max_steps if self.plan is None else self.plan.planned_steps
+
+    @property
+    def warmup_steps(self) -> int:
+        """The learning rate's warm-up: the time budget's plan, else the config's."""
+        if self.plan is None:
+            return self.config.warmup_for(self.config.max_steps)
+        return self.plan.warmup_steps
 
     # Checkpoints (the Checkpointer does the work) --------------------------------------------------
 
@@ -184,7 +194,8 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         """Write model + optimizer + schedule position + RNG + data position; all ranks must call it."""
-        state = {"tokens_seen": self.tokens_seen, "data": self.data.state_dict(), "plan": self.plan}
+        plan = {} if self.plan is None else self.plan.to_dict()
+        state = {"tokens_seen": self.tokens_seen, "data": self.data.state_dict(), "plan": plan}
         return self.checkpointer.save(self.step, self.model, self.optimizers, state)
 
     def latest_checkpoint(self) -> Path | None:
@@ -198,8 +209,7 @@ class Trainer:
         # A run planned for a time budget keeps its plan: the schedule must not change under it.
         # Otherwise the config rules, so that --resume --max-steps N extends a finished run.
         if state["plan"]:
-            self.plan = state["plan"]
-            self.max_steps, self.warmup_steps = self.plan["planned_steps"], self.plan["warmup_steps"]
+            self.plan = BudgetPlan.from_dict(state["plan"])
         self.data.load_state_dict(state["data"])
         if state["rng"] is not None:
             set_rng_state(state["rng"])
@@ -226,7 +236,7 @@ class Trainer:
                 self.metrics.truncate(0)
             self._write_run_config()
         budget = None
-        if config.time_budget_seconds is not None and not self.plan:  # a resumed plan stands
+        if config.time_budget_seconds is not None and self.plan is None:  # a resumed plan stands
             budget = TimeBudget(
                 config.time_budget_seconds,
                 config.time_budget,
@@ -295,22 +305,20 @@ class Trainer:
         time_evaluation = (
             self._timed_evaluation if self.evaluate is not None and self.config.eval_every else None
         )
-        plan = budget.after_update(self.step, now, time_evaluation, self.evaluation_seconds)
+        plan = budget.after_update(self.step, now, self.plan, time_evaluation, self.evaluation_seconds)
         if plan is not None:
             self.plan = plan
-            self.max_steps, self.warmup_steps = plan["planned_steps"], plan["warmup_steps"]
             bar.total = self.max_steps
             bar.refresh()
             if self.ctx.is_main:
-                tqdm.write(budget.message())
+                tqdm.write(budget.message(plan))
                 self._write_run_config()
         if self.step < self.max_steps and budget.past_deadline(now):
             # Past the deadline (the plan was too hopeful): this update is the last. The run is
             # complete as it stands (a resume has nothing left to do), also when the deadline came
             # before the plan was made.
             bar.write(f"time budget of {self.config.time_budget} spent: stopping at update {self.step}")
-            self.plan = budget.stop_here(self.step, self.warmup_steps)
-            self.max_steps = self.step
+            self.plan = budget.stop_here(self.plan, self.step, self.warmup_steps)
             if self.ctx.is_main:
                 self._write_run_config()  # what ran, not what was planned
 
@@ -324,8 +332,8 @@ class Trainer:
     def _write_run_config(self) -> None:
         resolved = {"precision": self.precision.name, "precision_reason": self.precision.reason}
         resolved.update(device=str(self.ctx.device), max_steps=self.max_steps, warmup_steps=self.warmup_steps)
-        if self.plan:
-            resolved["time_budget_plan"] = self.plan
+        if self.plan is not None:
+            resolved["time_budget_plan"] = self.plan.to_dict()
         write_json(self.run_dir.run_config, {**self.run_config, "resolved": resolved})
 
     def _train_step(self) -> tuple[float, float, int]:

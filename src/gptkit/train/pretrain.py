@@ -13,21 +13,22 @@ import torch.nn as nn
 
 from gptkit import hub
 from gptkit.config import config_error
-from gptkit.data.shards import TokenShard, WindowSampler, check_shard_tokenizer, eval_windows
+from gptkit.data.shards import TokenShard, check_shard_tokenizer
+from gptkit.data.windows import WindowSampler, eval_windows
 from gptkit.hardware import DEVICE_HELP
 from gptkit.io import atomic_write
 from gptkit.model.weights import CONFIG_NAME, SAFETENSORS_NAME, read_state_dict, save_state_dict
 from gptkit.tokenizer import Tokenizer
 from gptkit.train.config import TrainConfig
-from gptkit.train.distributed import init_distributed, shutdown_distributed, wrap_model
+from gptkit.train.distributed import wrap_model
 from gptkit.train.loop import Trainer
 from gptkit.train.run import (
     ModelShape,
     base_vocab_size,
     build_model,
-    hold_run_dir,
     resume_latest,
     run_config,
+    run_stage,
 )
 
 
@@ -50,24 +51,6 @@ class PretrainConfig(ModelShape):
         super().__post_init__()
         if self.eval_windows <= 0:
             raise config_error(self, "eval_windows", f"must be positive, got {self.eval_windows}")
-
-
-class PretrainBatches:
-    """Windows of the training shard, as ``input_ids`` = ``labels`` (the model shifts them)."""
-
-    def __init__(self, sampler: WindowSampler):
-        self.sampler = sampler
-
-    def next_batch(self) -> dict:
-        ids = self.sampler.next_batch()
-        # The loop needs only the loss: skip returning logits so the loss is computed in chunks.
-        return {"input_ids": ids, "labels": ids, "compute_logits": False}
-
-    def state_dict(self) -> dict:
-        return self.sampler.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.sampler.load_state_dict(state)
 
 
 def make_evaluator(shard: TokenShard, context_length: int, max_windows: int, micro_batch_size: int, device):
@@ -101,56 +84,52 @@ def pretrain(config: PretrainConfig, train: TrainConfig) -> dict[str, float]:
     """Pre-train a GPT on a prepared corpus; returns the last evaluation's metrics."""
     if not config.data:
         raise config_error(config, "data", "is required: a directory written by `gptkit prepare`")
-    ctx = init_distributed(config.device)
-    try:
-        out_dir = Path(config.out)
-        hub.ensure_available(config.init)  # a name that cannot be had leaves no run folder
-        with hold_run_dir(out_dir, config.resume, "pretrain"):
-            train_shard = TokenShard.open(config.data, "train")
-            meta = train_shard.meta
-            check_shard_tokenizer(config.data, meta)
-            tokenizer = Tokenizer.from_pretrained(Path(config.data) / meta["tokenizer"])
-            torch.manual_seed(train.seed)  # the same initial weights on every rank
-            model = build_model(config, base_vocab_size(tokenizer))
-            context_length = config.context_length or model.config.context_length
-            model.to(ctx.device)
-            torch.manual_seed(train.seed + ctx.rank)  # dropout differs across ranks
+    out_dir = Path(config.out)
+    hub.ensure_available(config.init)  # a name that cannot be had leaves no run folder
+    with run_stage(out_dir, config.resume, "pretrain", config.device) as ctx:
+        train_shard = TokenShard.open(config.data, "train")
+        meta = train_shard.meta
+        check_shard_tokenizer(config.data, meta)
+        tokenizer = Tokenizer.from_pretrained(Path(config.data) / meta["tokenizer"])
+        torch.manual_seed(train.seed)  # the same initial weights on every rank
+        model = build_model(config, base_vocab_size(tokenizer))
+        context_length = config.context_length or model.config.context_length
+        model.to(ctx.device)
+        torch.manual_seed(train.seed + ctx.rank)  # dropout differs across ranks
 
-            sampler = WindowSampler(
-                train_shard, context_length, train.batch_size, train.seed, ctx.rank, ctx.world_size
-            )
-            wrapped = wrap_model(model, ctx, fsdp=train.fsdp)
-            per_rank = train.batch_size // ctx.world_size
-            micro = min(train.micro_batch_size or per_rank, per_rank)
-            val_shard = TokenShard.open(config.data, "val")
-            evaluate = make_evaluator(val_shard, context_length, config.eval_windows, micro, ctx.device)
-            model_config = model.config
-            trainer = Trainer(
-                wrapped,
-                train,
-                PretrainBatches(sampler),
-                out_dir,
-                save_model=lambda directory, state: save_state_dict(model_config, state, directory),
-                ctx=ctx,
-                evaluate=evaluate,
-                run_config=run_config(
-                    "pretrain", config, train, model_config, data=meta, world_size=ctx.world_size
-                ),
-            )
-            if ctx.is_main:
-                tokenizer.save_pretrained(out_dir)
-            if config.resume:
-                resume_latest(trainer, read_state_dict)
-            try:
-                metrics = trainer.fit()
-            except BaseException:
-                # Stopped (a signal, an error): the run directory still gets the newest model, but
-                # the error that stopped the run is the one to show, and exporting may fail the
-                # same way (a full disk).
-                with contextlib.suppress(Exception):
-                    export_latest(trainer)
-                raise
-            export_latest(trainer)
-            return metrics
-    finally:
-        shutdown_distributed()
+        windows = WindowSampler(
+            train_shard, context_length, train.batch_size, train.seed, ctx.rank, ctx.world_size
+        )
+        wrapped = wrap_model(model, ctx, fsdp=train.fsdp)
+        per_rank = train.batch_size // ctx.world_size
+        micro = min(train.micro_batch_size or per_rank, per_rank)
+        val_shard = TokenShard.open(config.data, "val")
+        evaluate = make_evaluator(val_shard, context_length, config.eval_windows, micro, ctx.device)
+        model_config = model.config
+        trainer = Trainer(
+            wrapped,
+            train,
+            windows,
+            out_dir,
+            save_model=lambda directory, state: save_state_dict(model_config, state, directory),
+            ctx=ctx,
+            evaluate=evaluate,
+            run_config=run_config(
+                "pretrain", config, train, model_config, data=meta, world_size=ctx.world_size
+            ),
+        )
+        if ctx.is_main:
+            tokenizer.save_pretrained(out_dir)
+        if config.resume:
+            resume_latest(trainer, read_state_dict)
+        try:
+            metrics = trainer.fit()
+        except BaseException:
+            # Stopped (a signal, an error): the run directory still gets the newest model, but
+            # the error that stopped the run is the one to show, and exporting may fail the
+            # same way (a full disk).
+            with contextlib.suppress(Exception):
+                export_latest(trainer)
+            raise
+        export_latest(trainer)
+        return metrics

@@ -1,7 +1,9 @@
-"""One run setup for both stages: the model's shape, the run directory, resume, run_config.json.
+"""One run setup for both stages: the model's shape, the run directory and process group, resume,
+run_config.json.
 
 Pre-training and fine-tuning build a model the same way (a preset with overrides, or loaded weights
-with a new dropout rate), refuse to overwrite a run unless asked to resume, continue from the latest
+with a new dropout rate), hold the run directory and start the process group in one order
+(:func:`run_stage`), refuse to overwrite a run unless asked to resume, continue from the latest
 checkpoint, and record what defines the run. Those steps live here once.
 """
 
@@ -21,6 +23,7 @@ import torch
 from gptkit.config import Activation, GPTConfig, PositionEncoding, check_choices, config_error
 from gptkit.model import GPT
 from gptkit.tokenizer import Tokenizer
+from gptkit.train.distributed import DistributedContext, init_distributed, shutdown_distributed
 from gptkit.train.loop import Trainer
 from gptkit.train.rundir import RunDir
 
@@ -130,12 +133,27 @@ def check_run_dir(out_dir: Path, resume: bool) -> None:
 
 
 @contextlib.contextmanager
-def hold_run_dir(out_dir: Path, resume: bool, command: str) -> Iterator[None]:
-    """Write ``out_dir`` as its only writer (rank 0 holds the lock under torchrun), new or resumed."""
+def run_stage(out_dir: Path, resume: bool, command: str, device: str | None) -> Iterator[DistributedContext]:
+    """A stage's run (``command``: pretrain, finetune) in ``out_dir``: the directory held by its only
+    writer and checked (new, or resumed), then the process group started on ``device``; on the way
+    out, an error or a stop included, the process group goes first and the directory is let go last.
+
+    The lock comes first so that a run refused at it (another writer, an existing run without
+    --resume) never starts a process group. Under torchrun, rank 0 alone holds the lock, read from
+    torchrun's RANK since no process group exists yet; the other ranks wait for it when the group
+    starts, and torchrun stops them if rank 0 is refused. SIGTERM and Ctrl-C during training reach
+    here as :class:`~gptkit.train.loop.Interrupted`, after the checkpoint, and Ctrl-C elsewhere as
+    KeyboardInterrupt: both are torn down as any error. SIGTERM outside the loop ends the process
+    at once (its default action), and the system releases the lock (``flock``).
+    """
     is_main = int(os.environ.get("RANK", "0")) == 0
     with RunDir(out_dir).writer_lock(command) if is_main else contextlib.nullcontext():
         check_run_dir(out_dir, resume)
-        yield
+        ctx = init_distributed(device)
+        try:
+            yield ctx
+        finally:
+            shutdown_distributed()
 
 
 def resume_latest(trainer: Trainer, load_model_state: Callable[[Path], dict[str, torch.Tensor]]) -> None:

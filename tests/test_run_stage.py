@@ -1,0 +1,52 @@
+"""run_stage, both stages' one setup: the run directory is locked before the process group starts,
+and on the way out the group goes first, the lock last; a run refused at the lock starts no group."""
+
+from __future__ import annotations
+
+import pytest
+
+from gptkit.train import run
+from gptkit.train.distributed import DistributedContext
+from gptkit.train.rundir import LOCK, RunDir, RunDirBusy
+
+
+@pytest.fixture
+def events(monkeypatch, tmp_path) -> list[str]:
+    """What happens, in order, with whether the run directory's lock is held at each step."""
+    happened: list[str] = []
+    lock = tmp_path / "run" / LOCK
+
+    def held() -> str:
+        return "locked" if lock.exists() and lock.read_text() else "unlocked"
+
+    def start(device):
+        happened.append(f"start ({held()})")
+        return DistributedContext()
+
+    monkeypatch.setattr(run, "init_distributed", start)
+    monkeypatch.setattr(run, "shutdown_distributed", lambda: happened.append(f"shut down ({held()})"))
+    return happened
+
+
+def test_the_lock_comes_first_and_goes_last_also_on_an_error(events, tmp_path):
+    out = tmp_path / "run"
+    with run.run_stage(out, resume=False, command="pretrain", device="cpu") as ctx:
+        events.append("train")
+        assert ctx.is_main
+    assert events == ["start (locked)", "train", "shut down (locked)"]
+    assert (out / LOCK).read_text() == ""  # let go
+
+    events.clear()
+    with pytest.raises(RuntimeError, match="boom"):
+        with run.run_stage(tmp_path / "run", resume=True, command="finetune", device="cpu"):
+            raise RuntimeError("boom")
+    assert events == ["start (locked)", "shut down (locked)"] and (out / LOCK).read_text() == ""
+
+
+def test_a_run_refused_at_the_lock_starts_no_process_group(events, tmp_path):
+    out = tmp_path / "run"
+    with RunDir(out).writer_lock("another run"):
+        with pytest.raises(RunDirBusy, match="another run"):
+            with run.run_stage(out, resume=False, command="pretrain", device="cpu"):
+                pass
+    assert events == []
