@@ -449,16 +449,18 @@ def test_bad_requests_get_a_400_naming_the_field(server, body, param, words):
     assert error["type"] == "invalid_request_error"
 
 
-def test_accepted_and_ignored_fields(server):
-    body = {
-        "model": MODEL,
-        "prompt": "hi",
-        "max_tokens": 2,
-        "user": "u1",
-        "presence_penalty": 0,
-        "best_of": 1,
-    }
-    assert _post(server, {**body, "suffix": None, "logit_bias": {}}).status_code == 200
+def test_accepted_and_ignored_fields(server, reference):
+    """OpenAI's fields that change nothing at these values are taken and ignored: the answer is the
+    library's greedy text, as without them."""
+    body = {"model": MODEL, "prompt": "Once upon", "max_tokens": 4, "temperature": 0}
+    ignored = {"user": "u1", "presence_penalty": 0, "best_of": 1, "suffix": None, "logit_bias": {}}
+    response = _post(server, {**body, **ignored})
+    assert response.status_code == 200, response.text
+    [choice] = response.json()["choices"]
+    expected = greedy_ids(reference, "Once upon", 4)
+    assert len(expected) == 4, "the reference ran to its length"
+    assert (choice["text"], choice["finish_reason"]) == (reference[1].decode(expected), "length")
+    assert response.json()["usage"]["completion_tokens"] == 4
 
 
 def test_a_prompt_longer_than_the_context_names_both_lengths(server):
