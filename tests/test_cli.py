@@ -1,4 +1,5 @@
-"""The `gptkit` commands end to end, as a user runs them: the quick demo, then tools on its outputs."""
+"""The `gptkit` commands end to end, as a user runs them: the quick demo, and the tools on tiny
+models saved in this process."""
 
 from __future__ import annotations
 
@@ -23,6 +24,34 @@ def gptkit(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
         cwd=REPO,
         timeout=600,
     )
+
+
+@pytest.fixture(scope="module")
+def models(data_dir, tmp_path_factory) -> dict[str, Path]:
+    """What the tools read, saved in seconds rather than trained by a demo: a tiny language model
+    (GPT-2's tokenizer, random weights) in a run directory with one complete checkpoint, at step
+    20, and a tiny SST-2 classifier beside it."""
+    from gptkit import GPT, GPTConfig
+    from gptkit.data.tasks import TaskSpec, special_token_ids
+    from gptkit.model.task import TaskModel
+    from gptkit.tokenizer import Tokenizer
+    from gptkit.train.rundir import TRAIN_STATE, RunDir
+
+    root = tmp_path_factory.mktemp("models")
+    tokenizer = Tokenizer.from_pretrained(data_dir / "gpt2_bpe")
+    torch.manual_seed(0)
+    config = GPTConfig.from_preset("tiny", vocab_size=len(tokenizer), dropout=0.0)
+    run = RunDir(root / "pretrain")
+    GPT(config).save_pretrained(run.root)
+    tokenizer.save_pretrained(run.root)
+    checkpoint = run.checkpoint(20)
+    GPT(config).save_pretrained(checkpoint)
+    torch.save({}, checkpoint / TRAIN_STATE)  # its presence is what makes a checkpoint complete
+    specials = special_token_ids(tokenizer)
+    spec = TaskSpec("classification", labels=["0", "1"], max_length=64, specials=specials)
+    task_gpt = GPT(GPTConfig.from_preset("tiny", vocab_size=len(tokenizer), n_special=3, dropout=0.0))
+    TaskModel(task_gpt, spec, clf_dropout=0.0, tokenizer=tokenizer).save_pretrained(root / "sst2")
+    return {"lm": run.root, "sst2": root / "sst2"}
 
 
 @pytest.fixture(scope="module")
@@ -76,14 +105,14 @@ def test_quick_demo_runs_every_stage(demo, data_dir):
         assert (demo / name).exists(), name
 
 
-def test_generate_prints_the_models_continuation_and_reads_prompts_from_stdin(demo):
+def test_generate_prints_the_models_continuation_and_reads_prompts_from_stdin(models):
     from gptkit.generation import generate, load_for_generation
 
     # The command's text is the model's seeded sample, decoded from the ids generate() returns.
-    args = ("--model", demo / "pretrain", "--max-tokens", "8", "--seed", "1", "--dtype", "float32")
+    args = ("--model", models["lm"], "--max-tokens", "8", "--seed", "1", "--dtype", "float32")
     result = gptkit("generate", *args, "--prompt", "Alice was")
     assert result.returncode == 0, result.stderr
-    model, tokenizer = load_for_generation(demo / "pretrain", dtype="float32")
+    model, tokenizer = load_for_generation(models["lm"], dtype="float32")
     ids = tokenizer.encode("Alice was")
     sample = generate(model, torch.tensor([ids]), 8, temperature=1.0, seed=1)[0, len(ids) :].tolist()
     assert tokenizer.decode(sample).strip(), "the sample has visible text"
@@ -96,7 +125,7 @@ def test_generate_prints_the_models_continuation_and_reads_prompts_from_stdin(de
     result = gptkit(
         "generate",
         "--model",
-        demo / "pretrain",
+        models["lm"],
         "--interactive",
         "--max-new-tokens",
         "3",
@@ -109,18 +138,16 @@ def test_generate_prints_the_models_continuation_and_reads_prompts_from_stdin(de
     assert "--max-new-tokens is deprecated: use --max-tokens" in result.stderr  # the old spelling still works
 
 
-def test_generation_session_draws_every_sample_from_one_seeded_generator(demo):
+def test_generation_session_draws_every_sample_from_one_seeded_generator(models):
     from gptkit.generation import SamplingParams, generate, load_for_generation
     from gptkit.generation.text import GenerateConfig, generation_session
 
     params = SamplingParams(max_tokens=6, temperature=1.0, seed=5)
-    config = GenerateConfig(
-        model=str(demo / "pretrain"), prompt="Alice was", sampling=params, dtype="float32"
-    )
+    config = GenerateConfig(model=str(models["lm"]), prompt="Alice was", sampling=params, dtype="float32")
     config.num_samples, config.raw = 3, True
     printed = "".join(generation_session(config)).split("\n")[:-1]
     # By hand: three draws, one after the other, from a single generator seeded with 5.
-    model, tokenizer = load_for_generation(demo / "pretrain", dtype="float32")
+    model, tokenizer = load_for_generation(models["lm"], dtype="float32")
     ids = tokenizer.encode("Alice was")
     generator = torch.Generator().manual_seed(5)
     samples = [
@@ -133,19 +160,19 @@ def test_generation_session_draws_every_sample_from_one_seeded_generator(demo):
     assert "".join(generation_session(config)).split("\n")[:-1] == printed  # the same seed, the same session
 
 
-def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
+def test_perplexity_zeroshot_and_tradeoff_commands(models, data_dir, tmp_path):
     text = tmp_path / "peter_pan.txt"  # a book's first 30,000 characters: many windows, seconds
     text.write_text(
         (data_dir / "gutenberg" / "pg16.txt").read_text(encoding="utf-8")[:30_000], encoding="utf-8"
     )
-    result = gptkit("perplexity", "--model", demo / "pretrain", text, "--dtype", "float32")
+    result = gptkit("perplexity", "--model", models["lm"], text, "--dtype", "float32")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     # The same number from the library, on the same ids, with windows scored by hand.
     from gptkit.evaluate.lm import perplexity
     from gptkit.generation import load_for_generation
 
-    model, tokenizer = load_for_generation(demo / "pretrain", dtype="float32", decoding=False)
+    model, tokenizer = load_for_generation(models["lm"], dtype="float32", decoding=False)
     ids = tokenizer.encode(text.read_text(encoding="utf-8"))
     assert report["tokens"] == len(ids) - 1
     assert report["perplexity"] == pytest.approx(perplexity(model, ids)["perplexity"], rel=1e-3)
@@ -154,13 +181,13 @@ def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
         first_window_loss = float(model(window, labels=window).loss)
     assert perplexity(model, ids[:64])["nll"] == pytest.approx(first_window_loss, rel=1e-5)
     # Weight-only int8: the same text scores within 1% of fp32's perplexity.
-    quantized = gptkit("perplexity", "--model", demo / "pretrain", text, "--quantize", "int8")
+    quantized = gptkit("perplexity", "--model", models["lm"], text, "--quantize", "int8")
     assert quantized.returncode == 0, quantized.stderr
     assert json.loads(quantized.stdout)["perplexity"] == pytest.approx(report["perplexity"], rel=0.01)
     result = gptkit(
         "zeroshot",
         "--model",
-        demo / "pretrain",
+        models["lm"],
         "--task",
         "sentiment",
         "--data-dir",
@@ -195,7 +222,7 @@ def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
     result = gptkit(
         "zeroshot",
         "--model",
-        demo / "pretrain",
+        models["lm"],
         "--checkpoints",
         "--task",
         "multiple_choice",
@@ -210,7 +237,7 @@ def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
         "analyze",
         "tradeoff",
         "--model",
-        demo / "pretrain",
+        models["lm"],
         "--prompts",
         text,
         "--out",
@@ -242,8 +269,8 @@ def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
     assert (tmp_path / "tradeoff.png").exists()
 
 
-def test_evaluate_and_predict_commands(demo, data_dir, tmp_path):
-    model = demo / "sst2-pretrained"
+def test_evaluate_and_predict_commands(models, data_dir, tmp_path):
+    model = models["sst2"]
     result = gptkit("evaluate", "--model", model, "--dataset", "sst2", "--data-dir", data_dir)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
