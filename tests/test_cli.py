@@ -62,6 +62,7 @@ def demo(data_dir, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_quick_demo_runs_every_stage(demo, data_dir):
     summary = json.loads((demo / "summary.json").read_text())
     assert set(summary["sst2_dev_accuracy"]) == {"pretrained", "from_scratch", "majority_class"}
@@ -105,6 +106,7 @@ def test_quick_demo_runs_every_stage(demo, data_dir):
         assert (demo / name).exists(), name
 
 
+@pytest.mark.slow
 def test_generate_prints_the_models_continuation_and_reads_prompts_from_stdin(models):
     from gptkit.generation import generate, load_for_generation
 
@@ -138,6 +140,7 @@ def test_generate_prints_the_models_continuation_and_reads_prompts_from_stdin(mo
     assert "--max-new-tokens is deprecated: use --max-tokens" in result.stderr  # the old spelling still works
 
 
+@pytest.mark.slow
 def test_generation_session_draws_every_sample_from_one_seeded_generator(models):
     from gptkit.generation import SamplingParams, generate, load_for_generation
     from gptkit.generation.text import GenerateConfig, generation_session
@@ -160,6 +163,7 @@ def test_generation_session_draws_every_sample_from_one_seeded_generator(models)
     assert "".join(generation_session(config)).split("\n")[:-1] == printed  # the same seed, the same session
 
 
+@pytest.mark.slow
 def test_perplexity_zeroshot_and_tradeoff_commands(models, data_dir, tmp_path):
     text = tmp_path / "peter_pan.txt"  # a book's first 30,000 characters: many windows, seconds
     text.write_text(
@@ -269,6 +273,7 @@ def test_perplexity_zeroshot_and_tradeoff_commands(models, data_dir, tmp_path):
     assert (tmp_path / "tradeoff.png").exists()
 
 
+@pytest.mark.slow
 def test_evaluate_and_predict_commands(models, data_dir, tmp_path):
     model = models["sst2"]
     result = gptkit("evaluate", "--model", model, "--dataset", "sst2", "--data-dir", data_dir)
@@ -299,6 +304,7 @@ def test_evaluate_and_predict_commands(models, data_dir, tmp_path):
     assert result.returncode == 2 and "bad.jsonl, line 2: missing column 'review'" in result.stderr
 
 
+@pytest.mark.slow
 def test_convert_and_tokenize_commands(data_dir, tmp_path):
     transformers = pytest.importorskip("transformers")
     hf = transformers.GPT2LMHeadModel(
@@ -315,6 +321,7 @@ def test_convert_and_tokenize_commands(data_dir, tmp_path):
     assert result.returncode == 2 and "no such folder" in result.stderr
 
 
+@pytest.mark.slow
 def test_data_fetch_from_a_mirror_verifies_checksums(data_dir, tmp_path):
     result = gptkit("data", "fetch", "sst2", "gpt2_bpe", "--out", tmp_path / "data", "--mirror", data_dir)
     assert result.returncode == 0, result.stderr
@@ -376,6 +383,7 @@ def test_every_help_page_works_and_documents_every_flag(capsys):
     assert "--precision {auto,fp32,bf16,float32,bfloat16}" in page and "--time-budget" in page
 
 
+@pytest.mark.slow
 def test_bad_config_values_are_one_line_errors(tmp_path):
     result = gptkit("pretrain", "--data", tmp_path, "--checkpoint-every", "0")
     assert result.returncode == 2
@@ -387,6 +395,7 @@ def test_bad_config_values_are_one_line_errors(tmp_path):
     assert result.returncode == 2 and "FinetuneConfig.epochs (--epochs): must be positive" in result.stderr
 
 
+@pytest.mark.slow
 def test_prepare_command_writes_the_shards_prepare_writes(data_dir, tmp_path):
     from gptkit.data.shards import prepare
 

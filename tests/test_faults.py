@@ -36,6 +36,8 @@ from gptkit.tokenizer import train_bpe
 from gptkit.train.checkpointer import verify_manifest
 from gptkit.train.rundir import RunDir
 
+pytestmark = pytest.mark.slow  # real training processes, stopped and resumed
+
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # one thread: the same sums in every process
 PRETRAIN_STEPS = 24

@@ -331,6 +331,7 @@ def test_parquet_and_json_lines_take_the_same_columns(tmp_path):
         read_table(parquet, "entailment", {})
 
 
+@pytest.mark.slow
 def test_finetune_end_to_end_from_scratch(tmp_path, data_dir):
     """A learnable toy task from a user CSV: string labels in, string labels out."""
     import random

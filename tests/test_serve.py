@@ -29,6 +29,8 @@ httpx = pytest.importorskip("httpx")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+pytestmark = pytest.mark.slow  # servers in subprocesses
+
 REPO = Path(__file__).resolve().parents[1]
 KEY = "test-key"
 MODEL = "tiny"

@@ -24,6 +24,8 @@ openai = pytest.importorskip("openai")
 
 from hypothesis import strategies as st  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a server of five models in a subprocess
+
 AUTH = {"Authorization": f"Bearer {KEY}"}
 LABELS = {"sst2": ["negative", "positive"], "rte": ["entailment", "not_entailment"]}
 TASKS = {  # name → (task, regression)

@@ -334,6 +334,7 @@ def loop_config(**overrides) -> TrainConfig:
     return TrainConfig(**{**values, **overrides})
 
 
+@pytest.mark.slow
 def test_loss_falls_and_files_are_written(shards, tmp_path):
     trainer, _ = make_trainer(shards, tmp_path, loop_config(max_steps=30, eval_every=10))
     trainer.fit()
@@ -355,6 +356,7 @@ def test_loss_falls_and_files_are_written(shards, tmp_path):
         assert r["mfu"] == pytest.approx(r["tokens_per_s"] * per_token / peak, rel=1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_interrupted_and_resumed_run_matches_uninterrupted(shards, tmp_path, optimizer):
     """Ctrl-C after step 5 saves a checkpoint; resuming gives the same losses, dropout included,
@@ -391,6 +393,7 @@ class NaNAfter(torch.nn.Module):
         return out
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_good_checkpoint(shards, tmp_path):
     gpt = small_model()
     model = NaNAfter(gpt, at=2 * 4 + 1)  # 2 micro-batches a step: step 5 is the first bad one
@@ -405,6 +408,7 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_good_checkpoint(shar
     assert all(torch.isfinite(t).all() for t in read_state_dict(latest).values())
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_can_be_skipped(shards, tmp_path):
     gpt = small_model()
     model = NaNAfter(gpt, at=2 * 6 + 1)
@@ -476,6 +480,7 @@ def run_pretrain(shards, out, *extra, nproc=1):
     return [r["loss"] for r in read_metrics(out / "metrics.jsonl") if "loss" in r]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_processes_match_one_process(shards, tmp_path, strategy):
     """torchrun with 2 CPU processes (gloo; DDP with no_sync accumulation, or FSDP2) = 1 process,
@@ -490,6 +495,7 @@ def test_two_processes_match_one_process(shards, tmp_path, strategy):
         torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4, msg=name)
 
 
+@pytest.mark.slow
 def test_cli_config_file_resume_and_outputs(shards, tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("train:\n  weight_decay: 0.05\n  seed: 3\n  schedule: constant\n")
@@ -519,6 +525,7 @@ def test_cli_config_file_resume_and_outputs(shards, tmp_path):
     assert np.isfinite(np.asarray(losses)).all()
 
 
+@pytest.mark.slow
 def test_resume_skips_a_damaged_latest_checkpoint_for_the_newest_intact_one(shards, tmp_path):
     trainer, _ = make_trainer(shards, tmp_path, loop_config())  # checkpoints at 3, 6, 8; 2 kept
     trainer.fit()
@@ -542,6 +549,7 @@ def test_resume_skips_a_damaged_latest_checkpoint_for_the_newest_intact_one(shar
         assert again.latest_checkpoint().name == "step-0000006"
 
 
+@pytest.mark.slow
 def test_a_full_disk_names_the_checkpoint_and_leaves_no_debris(shards, tmp_path):
     import errno
 
@@ -563,6 +571,7 @@ def test_a_full_disk_names_the_checkpoint_and_leaves_no_debris(shards, tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest.json", "step-0000003"]
 
 
+@pytest.mark.slow
 def test_a_full_disk_in_torchs_zip_writer_is_one_line_and_the_run_resumes_exactly(
     shards, tmp_path, monkeypatch
 ):
@@ -612,6 +621,7 @@ def test_a_full_disk_in_torchs_zip_writer_is_one_line_and_the_run_resumes_exactl
     assert second.latest_checkpoint() == run / "checkpoints" / "step-0000008"
 
 
+@pytest.mark.slow
 def test_a_failed_first_checkpoint_says_there_is_none_to_resume_from(shards, tmp_path, monkeypatch):
     def no_room(obj, path, *args, **kwargs):
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
@@ -625,6 +635,7 @@ def test_a_failed_first_checkpoint_says_there_is_none_to_resume_from(shards, tmp
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == []
 
 
+@pytest.mark.slow
 def test_tensorboard_gets_the_same_numbers_as_metrics_jsonl(shards, tmp_path, monkeypatch):
     event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     trainer, _ = make_trainer(shards, tmp_path, loop_config(log_to=["tensorboard"]))
@@ -658,6 +669,7 @@ def test_a_torn_last_metrics_line_is_dropped_and_a_damaged_one_before_it_named(t
         read_metrics(path)
 
 
+@pytest.mark.slow
 def test_a_second_writer_is_refused_and_a_dead_writers_lock_is_taken_over(shards, tmp_path):
     from gptkit.train.rundir import RunDir
 
@@ -680,6 +692,7 @@ def test_a_second_writer_is_refused_and_a_dead_writers_lock_is_taken_over(shards
 
 
 # SIGTERM (exit 143) is stopped at points hypothesis draws in tests/test_faults.py; Ctrl-C here.
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", ["SIGINT"])
 def test_a_signal_mid_run_then_resume_gives_the_uninterrupted_weights_bit_for_bit(shards, tmp_path, signum):
     """A signal lands wherever the run is (mid-update, most often): the update in flight finishes,
@@ -920,6 +933,7 @@ def test_resuming_a_budgeted_run_keeps_its_plan(tmp_path):
     assert (second.max_steps, second.warmup_steps, second.step) == (97, first.warmup_steps, 8)
 
 
+@pytest.mark.slow
 def test_init_with_dropout_applies_the_rate_to_every_layer(shards, tmp_path):
     model = small_model(dropout=0.1)
     model.set_dropout(0.3)
