@@ -140,7 +140,6 @@ def test_generate_prints_the_models_continuation_and_reads_prompts_from_stdin(mo
     assert "--max-new-tokens is deprecated: use --max-tokens" in result.stderr  # the old spelling still works
 
 
-@pytest.mark.slow
 def test_generation_session_draws_every_sample_from_one_seeded_generator(models):
     from gptkit.generation import SamplingParams, generate, load_for_generation
     from gptkit.generation.text import GenerateConfig, generation_session

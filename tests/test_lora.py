@@ -157,7 +157,6 @@ def lora_config(tmp_path: Path, base_dir: Path, task: str, **overrides) -> Finet
     return FinetuneConfig(**{**settings, **overrides})
 
 
-@pytest.mark.slow
 def test_lora_finetuning_learns_saves_the_adapter_alone_and_leaves_the_base_frozen(tmp_path, base_dir):
     config = lora_config(tmp_path, base_dir, "classification", epochs=6, merge=True, lm_coef=0.0)
     results = finetune(
@@ -201,7 +200,6 @@ def test_lora_finetuning_learns_saves_the_adapter_alone_and_leaves_the_base_froz
     assert not torch.allclose(tuned["h.0.attn.c_attn.weight"], base["h.0.attn.c_attn.weight"])
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("task", ["entailment", "similarity", "multiple_choice"])
 def test_every_task_kind_trains_an_adapter_that_loads_back_to_its_recorded_score(tmp_path, base_dir, task):
     config = lora_config(tmp_path, base_dir, task, eval_batch_size=16)
@@ -270,7 +268,6 @@ def write_adapter_run(
     tokenizer.save_pretrained(directory)
 
 
-@pytest.mark.slow
 def test_adapters_of_one_base_share_it_and_a_mixed_batch_equals_each_merged_model_alone(tmp_path, base_dir):
     tasks = {
         "sentiment": ("classification", ["neg", "pos"]),

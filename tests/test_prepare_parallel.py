@@ -74,7 +74,6 @@ def jsonl_corpus(data_dir: Path, path: Path) -> Path:
     return path
 
 
-@pytest.mark.slow
 def test_two_workers_write_the_same_jsonl_shards_as_one(data_dir, tmp_path):
     docs = jsonl_corpus(data_dir, tmp_path / "docs.jsonl")
     options = dict(val_fraction=0.1)

@@ -72,7 +72,6 @@ def _config(pretrained: Path, data_dir: Path, out: Path, **overrides) -> SuiteCo
     return SuiteConfig(**{**values, **overrides})
 
 
-@pytest.mark.slow
 def test_suite_scores_baselines_reports_and_resumes(pretrained, data_dir, tmp_path, monkeypatch):
     out = tmp_path / "suite"
     config = _config(pretrained, data_dir, out, tasks=["rte", "story_cloze", "stsb"])
@@ -127,7 +126,6 @@ def test_suite_scores_baselines_reports_and_resumes(pretrained, data_dir, tmp_pa
         run_suite(config, TRAIN)
 
 
-@pytest.mark.slow
 def test_ablations_and_missing_data(pretrained, data_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(suite_module, "FEW_EXAMPLES", 10)  # 24 training rows count as a real task here
     data = tmp_path / "data"
@@ -180,7 +178,6 @@ def test_ablations_and_missing_data(pretrained, data_dir, tmp_path, monkeypatch)
     assert "‡ one seed: the error counts the examples only" in report
 
 
-@pytest.mark.slow
 def test_seeds_each_run_apart_and_the_difference_counts_their_spread(
     pretrained, data_dir, tmp_path, monkeypatch
 ):
@@ -249,7 +246,6 @@ def test_random_init_keeps_the_shape_not_the_weights(pretrained):
         ModelShape(random_init=True)
 
 
-@pytest.mark.slow
 def test_figure2_transfer_layers(pretrained, data_dir, tmp_path):
     config = TransferConfig(
         init=str(pretrained),
@@ -290,7 +286,6 @@ def test_figure2_transfer_layers(pretrained, data_dir, tmp_path):
         )
 
 
-@pytest.mark.slow
 def test_figure2_zeroshot_over_checkpoints(pretrained, data_dir, tmp_path, monkeypatch):
     run = tmp_path / "run"
     Tokenizer.from_pretrained(pretrained).save_pretrained(run)

@@ -177,7 +177,6 @@ def wide_model(tokenizer: Tokenizer, ln_position: str) -> GPT:
     return GPT(config)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("vocabulary, ln_position", [("gpt2_bpe", "pre"), ("gpt1_bpe", "post")])
 def test_transformers_continues_a_gptkit_model_directory_as_gptkit(
     data_dir, tmp_path, vocabulary, ln_position

@@ -393,7 +393,6 @@ class NaNAfter(torch.nn.Module):
         return out
 
 
-@pytest.mark.slow
 def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_good_checkpoint(shards, tmp_path):
     gpt = small_model()
     model = NaNAfter(gpt, at=2 * 4 + 1)  # 2 micro-batches a step: step 5 is the first bad one
@@ -408,7 +407,6 @@ def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_good_checkpoint(shar
     assert all(torch.isfinite(t).all() for t in read_state_dict(latest).values())
 
 
-@pytest.mark.slow
 def test_nonfinite_loss_can_be_skipped(shards, tmp_path):
     gpt = small_model()
     model = NaNAfter(gpt, at=2 * 6 + 1)
@@ -525,7 +523,6 @@ def test_cli_config_file_resume_and_outputs(shards, tmp_path):
     assert np.isfinite(np.asarray(losses)).all()
 
 
-@pytest.mark.slow
 def test_resume_skips_a_damaged_latest_checkpoint_for_the_newest_intact_one(shards, tmp_path):
     trainer, _ = make_trainer(shards, tmp_path, loop_config())  # checkpoints at 3, 6, 8; 2 kept
     trainer.fit()
@@ -549,7 +546,6 @@ def test_resume_skips_a_damaged_latest_checkpoint_for_the_newest_intact_one(shar
         assert again.latest_checkpoint().name == "step-0000006"
 
 
-@pytest.mark.slow
 def test_a_full_disk_names_the_checkpoint_and_leaves_no_debris(shards, tmp_path):
     import errno
 
@@ -635,7 +631,6 @@ def test_a_failed_first_checkpoint_says_there_is_none_to_resume_from(shards, tmp
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == []
 
 
-@pytest.mark.slow
 def test_tensorboard_gets_the_same_numbers_as_metrics_jsonl(shards, tmp_path, monkeypatch):
     event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     trainer, _ = make_trainer(shards, tmp_path, loop_config(log_to=["tensorboard"]))
