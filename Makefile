@@ -1,4 +1,5 @@
-# gptkit: `make demo` runs the whole job end to end, `make test` the test suite.
+# gptkit: `make demo` runs the whole job end to end, `make test` the test suite (`make test-fast`
+# without the tests marked slow).
 # Each target sets up .venv on first use (and again when pyproject.toml or constraints.txt
 # changes), with the exact tested versions of constraints.txt.
 
@@ -18,7 +19,7 @@ DEMO_BUDGET ?= 5m
 # 30 in fp32, set-up included).
 INIT ?=
 
-.PHONY: setup demo test bench paper lint clean
+.PHONY: setup demo test test-fast bench paper lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -30,6 +31,11 @@ setup: $(STAMP)
 
 test: $(STAMP)
 	GPTKIT_DATA=$(DATA) $(PYTHON) -m pytest
+
+# The suite less its slowest tests (marked slow: a demo, training processes, servers): within
+# 90 seconds on 2 cores, for the edit-test loop; `make test` before a commit still runs them all.
+test-fast: $(STAMP)
+	GPTKIT_DATA=$(DATA) $(PYTHON) -m pytest -m "not slow"
 
 demo: $(STAMP)
 	@test -d "$(DATA)/gutenberg" -a -d "$(DATA)/story_cloze_2016" || $(PYTHON) -m gptkit data fetch --demo --out "$(DATA)"

@@ -14,6 +14,10 @@ from tests.hub_cache import offline_hub  # noqa: F401 (a fixture: an empty, offl
 DATA_DIR = Path(os.environ.get("GPTKIT_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 # Throwaway runs need no fsync (about 10 ms a file); tests/test_io.py checks the durable path.
 os.environ.setdefault("GPTKIT_FSYNC", "0")
+# One intra-op thread in this process: the tests' models are tiny, where a second thread gains
+# nothing, and where another process holds the cores two threads wait on each other (a budget
+# test's 59 tiny updates: 0.9 s with one thread, 54 s with two on a busy 2-core machine).
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

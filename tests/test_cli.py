@@ -1,4 +1,5 @@
-"""The `gptkit` commands end to end, as a user runs them: the quick demo, then tools on its outputs."""
+"""The `gptkit` commands end to end, as a user runs them: the quick demo, and the tools on tiny
+models saved in this process."""
 
 from __future__ import annotations
 
@@ -26,6 +27,34 @@ def gptkit(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
+def models(data_dir, tmp_path_factory) -> dict[str, Path]:
+    """What the tools read, saved in seconds rather than trained by a demo: a tiny language model
+    (GPT-2's tokenizer, random weights) in a run directory with one complete checkpoint, at step
+    20, and a tiny SST-2 classifier beside it."""
+    from gptkit import GPT, GPTConfig
+    from gptkit.data.tasks import TaskSpec, special_token_ids
+    from gptkit.model.task import TaskModel
+    from gptkit.tokenizer import Tokenizer
+    from gptkit.train.rundir import TRAIN_STATE, RunDir
+
+    root = tmp_path_factory.mktemp("models")
+    tokenizer = Tokenizer.from_pretrained(data_dir / "gpt2_bpe")
+    torch.manual_seed(0)
+    config = GPTConfig.from_preset("tiny", vocab_size=len(tokenizer), dropout=0.0)
+    run = RunDir(root / "pretrain")
+    GPT(config).save_pretrained(run.root)
+    tokenizer.save_pretrained(run.root)
+    checkpoint = run.checkpoint(20)
+    GPT(config).save_pretrained(checkpoint)
+    torch.save({}, checkpoint / TRAIN_STATE)  # its presence is what makes a checkpoint complete
+    specials = special_token_ids(tokenizer)
+    spec = TaskSpec("classification", labels=["0", "1"], max_length=64, specials=specials)
+    task_gpt = GPT(GPTConfig.from_preset("tiny", vocab_size=len(tokenizer), n_special=3, dropout=0.0))
+    TaskModel(task_gpt, spec, clf_dropout=0.0, tokenizer=tokenizer).save_pretrained(root / "sst2")
+    return {"lm": run.root, "sst2": root / "sst2"}
+
+
+@pytest.fixture(scope="module")
 def demo(data_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("demo") / "run"
     result = gptkit("demo", "--data", data_dir, "--out", out, "--quick")
@@ -33,6 +62,7 @@ def demo(data_dir, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_quick_demo_runs_every_stage(demo, data_dir):
     summary = json.loads((demo / "summary.json").read_text())
     assert set(summary["sst2_dev_accuracy"]) == {"pretrained", "from_scratch", "majority_class"}
@@ -76,14 +106,15 @@ def test_quick_demo_runs_every_stage(demo, data_dir):
         assert (demo / name).exists(), name
 
 
-def test_generate_prints_the_models_continuation_and_reads_prompts_from_stdin(demo):
+@pytest.mark.slow
+def test_generate_prints_the_models_continuation_and_reads_prompts_from_stdin(models):
     from gptkit.generation import generate, load_for_generation
 
     # The command's text is the model's seeded sample, decoded from the ids generate() returns.
-    args = ("--model", demo / "pretrain", "--max-tokens", "8", "--seed", "1", "--dtype", "float32")
+    args = ("--model", models["lm"], "--max-tokens", "8", "--seed", "1", "--dtype", "float32")
     result = gptkit("generate", *args, "--prompt", "Alice was")
     assert result.returncode == 0, result.stderr
-    model, tokenizer = load_for_generation(demo / "pretrain", dtype="float32")
+    model, tokenizer = load_for_generation(models["lm"], dtype="float32")
     ids = tokenizer.encode("Alice was")
     sample = generate(model, torch.tensor([ids]), 8, temperature=1.0, seed=1)[0, len(ids) :].tolist()
     assert tokenizer.decode(sample).strip(), "the sample has visible text"
@@ -96,7 +127,7 @@ def test_generate_prints_the_models_continuation_and_reads_prompts_from_stdin(de
     result = gptkit(
         "generate",
         "--model",
-        demo / "pretrain",
+        models["lm"],
         "--interactive",
         "--max-new-tokens",
         "3",
@@ -109,18 +140,16 @@ def test_generate_prints_the_models_continuation_and_reads_prompts_from_stdin(de
     assert "--max-new-tokens is deprecated: use --max-tokens" in result.stderr  # the old spelling still works
 
 
-def test_generation_session_draws_every_sample_from_one_seeded_generator(demo):
+def test_generation_session_draws_every_sample_from_one_seeded_generator(models):
     from gptkit.generation import SamplingParams, generate, load_for_generation
     from gptkit.generation.text import GenerateConfig, generation_session
 
     params = SamplingParams(max_tokens=6, temperature=1.0, seed=5)
-    config = GenerateConfig(
-        model=str(demo / "pretrain"), prompt="Alice was", sampling=params, dtype="float32"
-    )
+    config = GenerateConfig(model=str(models["lm"]), prompt="Alice was", sampling=params, dtype="float32")
     config.num_samples, config.raw = 3, True
     printed = "".join(generation_session(config)).split("\n")[:-1]
     # By hand: three draws, one after the other, from a single generator seeded with 5.
-    model, tokenizer = load_for_generation(demo / "pretrain", dtype="float32")
+    model, tokenizer = load_for_generation(models["lm"], dtype="float32")
     ids = tokenizer.encode("Alice was")
     generator = torch.Generator().manual_seed(5)
     samples = [
@@ -133,19 +162,20 @@ def test_generation_session_draws_every_sample_from_one_seeded_generator(demo):
     assert "".join(generation_session(config)).split("\n")[:-1] == printed  # the same seed, the same session
 
 
-def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
+@pytest.mark.slow
+def test_perplexity_zeroshot_and_tradeoff_commands(models, data_dir, tmp_path):
     text = tmp_path / "peter_pan.txt"  # a book's first 30,000 characters: many windows, seconds
     text.write_text(
         (data_dir / "gutenberg" / "pg16.txt").read_text(encoding="utf-8")[:30_000], encoding="utf-8"
     )
-    result = gptkit("perplexity", "--model", demo / "pretrain", text, "--dtype", "float32")
+    result = gptkit("perplexity", "--model", models["lm"], text, "--dtype", "float32")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     # The same number from the library, on the same ids, with windows scored by hand.
     from gptkit.evaluate.lm import perplexity
     from gptkit.generation import load_for_generation
 
-    model, tokenizer = load_for_generation(demo / "pretrain", dtype="float32", decoding=False)
+    model, tokenizer = load_for_generation(models["lm"], dtype="float32", decoding=False)
     ids = tokenizer.encode(text.read_text(encoding="utf-8"))
     assert report["tokens"] == len(ids) - 1
     assert report["perplexity"] == pytest.approx(perplexity(model, ids)["perplexity"], rel=1e-3)
@@ -154,13 +184,13 @@ def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
         first_window_loss = float(model(window, labels=window).loss)
     assert perplexity(model, ids[:64])["nll"] == pytest.approx(first_window_loss, rel=1e-5)
     # Weight-only int8: the same text scores within 1% of fp32's perplexity.
-    quantized = gptkit("perplexity", "--model", demo / "pretrain", text, "--quantize", "int8")
+    quantized = gptkit("perplexity", "--model", models["lm"], text, "--quantize", "int8")
     assert quantized.returncode == 0, quantized.stderr
     assert json.loads(quantized.stdout)["perplexity"] == pytest.approx(report["perplexity"], rel=0.01)
     result = gptkit(
         "zeroshot",
         "--model",
-        demo / "pretrain",
+        models["lm"],
         "--task",
         "sentiment",
         "--data-dir",
@@ -195,7 +225,7 @@ def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
     result = gptkit(
         "zeroshot",
         "--model",
-        demo / "pretrain",
+        models["lm"],
         "--checkpoints",
         "--task",
         "multiple_choice",
@@ -210,7 +240,7 @@ def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
         "analyze",
         "tradeoff",
         "--model",
-        demo / "pretrain",
+        models["lm"],
         "--prompts",
         text,
         "--out",
@@ -242,8 +272,9 @@ def test_perplexity_zeroshot_and_tradeoff_commands(demo, data_dir, tmp_path):
     assert (tmp_path / "tradeoff.png").exists()
 
 
-def test_evaluate_and_predict_commands(demo, data_dir, tmp_path):
-    model = demo / "sst2-pretrained"
+@pytest.mark.slow
+def test_evaluate_and_predict_commands(models, data_dir, tmp_path):
+    model = models["sst2"]
     result = gptkit("evaluate", "--model", model, "--dataset", "sst2", "--data-dir", data_dir)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
@@ -272,6 +303,7 @@ def test_evaluate_and_predict_commands(demo, data_dir, tmp_path):
     assert result.returncode == 2 and "bad.jsonl, line 2: missing column 'review'" in result.stderr
 
 
+@pytest.mark.slow
 def test_convert_and_tokenize_commands(data_dir, tmp_path):
     transformers = pytest.importorskip("transformers")
     hf = transformers.GPT2LMHeadModel(
@@ -288,6 +320,7 @@ def test_convert_and_tokenize_commands(data_dir, tmp_path):
     assert result.returncode == 2 and "no such folder" in result.stderr
 
 
+@pytest.mark.slow
 def test_data_fetch_from_a_mirror_verifies_checksums(data_dir, tmp_path):
     result = gptkit("data", "fetch", "sst2", "gpt2_bpe", "--out", tmp_path / "data", "--mirror", data_dir)
     assert result.returncode == 0, result.stderr
@@ -349,6 +382,7 @@ def test_every_help_page_works_and_documents_every_flag(capsys):
     assert "--precision {auto,fp32,bf16,float32,bfloat16}" in page and "--time-budget" in page
 
 
+@pytest.mark.slow
 def test_bad_config_values_are_one_line_errors(tmp_path):
     result = gptkit("pretrain", "--data", tmp_path, "--checkpoint-every", "0")
     assert result.returncode == 2
@@ -360,6 +394,7 @@ def test_bad_config_values_are_one_line_errors(tmp_path):
     assert result.returncode == 2 and "FinetuneConfig.epochs (--epochs): must be positive" in result.stderr
 
 
+@pytest.mark.slow
 def test_prepare_command_writes_the_shards_prepare_writes(data_dir, tmp_path):
     from gptkit.data.prepare import prepare
 

@@ -273,6 +273,7 @@ def test_a_missing_optional_package_names_the_extra(data_dir, tmp_path, monkeypa
         )
 
 
+@pytest.mark.slow
 def test_errors_strict_replace_and_ignore_on_bytes_that_are_not_utf8(data_dir, tmp_path, capsys):
     """--errors: strict stops naming file, line and column; replace gives the shards of the text
     with U+FFFD written in, warning with the count; ignore gives those of the text without the bytes.

@@ -418,6 +418,7 @@ def test_read_json_names_the_file_for_every_damage(tmp_path):
 # The command line --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_reports_a_truncated_model_in_one_line(model):
     truncate(model / SAFETENSORS_NAME)
     result = subprocess.run(

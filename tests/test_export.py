@@ -27,6 +27,8 @@ gguf = pytest.importorskip("gguf", reason="the export extra: pip install -e '.[e
 from gptkit.export.gguf import GPT1_REFUSAL, export_gguf  # noqa: E402
 from gptkit.export.onnx import past_names, present_names  # noqa: E402
 
+pytestmark = pytest.mark.slow  # ONNX and GGUF exports of several models
+
 SMALL = dict(n_layer=2, n_head=2, d_model=32, context_length=64, dropout=0.0)
 
 

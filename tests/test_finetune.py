@@ -163,29 +163,108 @@ def test_transfer_layers_keeps_only_the_first_blocks():
 # Readers ----------------------------------------------------------------------------------------
 
 
+class Starts(str):
+    """An expected text given by its beginning (the whole is a long story)."""
+
+
+def assert_example(example: Example, label, fields: dict) -> None:
+    assert example.label == label and example.fields.keys() == fields.keys()
+    for name, want in fields.items():
+        got = example.fields[name]
+        assert got.startswith(want) if isinstance(want, Starts) else got == want, (name, got)
+
+
+MCTEST_DEV_CHOICES = [
+    f"If the rain arrived on Saturday, {day} day did Stewart go to the beach."
+    for day in ("Friday", "Monday", "Sunday", "Wednesday")
+]
+FRANKS_CAMP = [
+    f"{who} explained to Frank's mom that it was safe to send Frank to summer camp."
+    for who in ("Frank", "The camp leaders", "Frank's friends", "The scout masters")
+]
+# Each file's size, and its first and last examples read off its lines by hand: (label, fields).
+READER_ROWS = [
+    ("sst2", "train", 6920,
+     ("1", {"text": "a stirring , funny and finally transporting re-imagining of beauty and the beast and 1930s horror films"}),
+     ("1", {"text": "a deliciously nonsensical comedy about a city coming apart at its seams ."})),
+    ("sst2", "dev", 872,
+     ("0", {"text": "one long string of cliches ."}),
+     ("1", {"text": Starts("an effectively creepy , fear-inducing -lrb- not fear-reducing -rrb- film")})),
+    ("cola", "train", 8551,
+     ("1", {"text": "Our friends won't buy this analysis, let alone the next one we propose."}),
+     ("1", {"text": "What all did you get for Christmas?"})),
+    ("cola", "dev", 527,
+     ("1", {"text": "The sailors rode the breeze clear of the rocks."}),
+     ("0", {"text": "Anson became a muscle bound."})),  # the '*' column is not the text
+    ("rte", "train", 2490,
+     ("not_entailment", {"premise": "No Weapons of Mass Destruction Found in Iraq Yet.",
+                         "hypothesis": "Weapons of Mass Destruction Found in Iraq."}),
+     ("not_entailment", {"premise": Starts("Turkey is unlikely to become involved in"),
+                         "hypothesis": "U.S. to use Turkish military bases."})),
+    ("rte", "dev", 277,
+     ("not_entailment", {"premise": Starts("Dana Reeve, the widow of the actor Christopher Reeve,"),
+                         "hypothesis": "Christopher Reeve had an accident."}),
+     ("not_entailment", {"premise": Starts('Danny Kennedy, Greenpeace campaigns director, said: "The burden'),
+                         "hypothesis": "Greenpeace director said that peace is terrorism."})),
+    ("mrpc", "train", 3576,
+     ("1", {"text_a": 'Amrozi accused his brother, whom he called "the witness", of deliberately distorting his evidence.',
+            "text_b": 'Referring to him as only "the witness", Amrozi accused his brother of deliberately distorting his evidence.'}),
+     ("1", {"text_a": Starts("He is blocking them until the Air Force assigns four additional C-130"),
+            "text_b": "He is holding them up until the Air Force agrees to assign four additional C-130 cargo planes to the Idaho Air National Guard."})),
+    ("mrpc", "dev", 500,
+     ("1", {"text_a": Starts("Stocks have rallied sharply for more than three months"),
+            "text_b": "Stocks have rallied sharply for more than three months in anticipation of an economic rebound in the year's second half."}),
+     ("0", {"text_a": Starts("The 30-year bond US30YT=RR rose 22/32"),
+            "text_b": "The 30-year bond US30YT=RR grew 1-3/32 for a yield of 4.30 percent, down from 4.35 percent late Wednesday."})),
+    ("stsb", "train", 5749,
+     (5.0, {"text_a": "A plane is taking off.", "text_b": "An air plane is taking off."}),
+     (0.0, {"text_a": "Putin spokesman: Doping charges appear unfounded",  # two source columns follow
+            "text_b": "The Latest on Severe Weather: 1 Dead in Texas After Tornado"})),
+    ("stsb", "dev", 1500,
+     (5.0, {"text_a": "A man with a hard hat is dancing.", "text_b": "A man wearing a hard hat is dancing."}),
+     (0.0, {"text_a": "New video shows US police officers beating mentally-ill man",
+            "text_b": "New York police officer critically wounded in hatchet attack"})),
+    ("story_cloze", "test", 1871,
+     (1, {"context": "My friends all love to go to the club to dance. They think it's a lot of fun and always "
+                     "invite. I finally decided to tag along last Saturday. I danced terribly and broke a friend's toe.",
+          "choices": ["My friends decided to keep inviting me out as I am so much fun.",
+                      "The next weekend, I was asked to please stay home."]}),  # AnswerRightEnding 2
+     (1, {"context": "Tam felt defeated as she looked at her lawn covered with Dandelions. Kids came to her "
+                     "daycare, one of them picking a Dandelion for Tam. Tam had an idea. Before they left, Tam "
+                     "told the kids to pick a bouquet for their moms.",
+          "choices": ["Tam took the kids to Canada.", "The kids picked bouquets."]})),
+    ("mctest", "train", 1200,
+     (1, {"context": Starts("Alyssa got to the beach after a long trip. She's from Charlotte."),
+          "choices": [f"Alyssa is in the {place} city." for place in ("trip", "Miami", "Atlanta", "beach")]}),
+     (3, {"context": Starts("This summer Frank and his friends went to Boy Scout camp for two weeks."),
+          "choices": FRANKS_CAMP})),
+    ("mctest", "dev", 200,
+     (0, {"context": Starts("One sunny morning, Stewart chose to go to the beach."), "choices": MCTEST_DEV_CHOICES}),
+     (0, {"context": Starts("Lucy is an eight year old girl who lives with her parents and pet bird."),
+          "choices": [f"Martha's favorite is color {c}." for c in ("purple", "yellow", "brown", "silver")]})),
+]  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    "name,split,count",
-    [
-        ("sst2", "train", 6920),
-        ("sst2", "dev", 872),
-        ("cola", "train", 8551),
-        ("cola", "dev", 527),
-        ("rte", "train", 2490),
-        ("rte", "dev", 277),
-        ("mrpc", "train", 3576),
-        ("mrpc", "dev", 500),
-        ("stsb", "train", 5749),
-        ("stsb", "dev", 1500),
-        ("story_cloze", "train", 1497),
-        ("story_cloze", "dev", 374),
-        ("story_cloze", "test", 1871),
-        ("mctest", "train", 1200),
-        ("mctest", "dev", 200),
-    ],
+    "name,split,count,first,last", READER_ROWS, ids=[f"{r[0]}-{r[1]}" for r in READER_ROWS]
 )
-def test_public_dataset_readers(data_dir, name, split, count):
+def test_public_dataset_readers(data_dir, name, split, count, first, last):
     examples = read_dataset(name, split, data_dir)
     assert len(examples) == count
+    assert_example(examples[0], *first)
+    assert_example(examples[-1], *last)
+
+
+def test_story_clozes_train_and_dev_split_the_validation_file(data_dir):
+    """GPT-1's train and dev are a fixed split of the validation file's 1,871 stories: together every
+    row once (lines 2 to 1872; line 1 is the header), each part in the file's order."""
+    lines = {}
+    for split in ("train", "dev"):
+        sources = [e.source for e in read_dataset("story_cloze", split, data_dir)]
+        lines[split] = [int(source.rsplit(" ", 1)[1]) for source in sources]
+        assert lines[split] == sorted(lines[split])
+    assert (len(lines["train"]), len(lines["dev"])) == (1497, 374)
+    assert sorted(lines["train"] + lines["dev"]) == list(range(2, 1873))
 
 
 def test_reader_quirks(data_dir):
@@ -255,6 +334,7 @@ def test_parquet_and_json_lines_take_the_same_columns(tmp_path):
         read_table(parquet, "entailment", {})
 
 
+@pytest.mark.slow
 def test_finetune_end_to_end_from_scratch(tmp_path, data_dir):
     """A learnable toy task from a user CSV: string labels in, string labels out."""
     import random

@@ -110,13 +110,17 @@ def test_sampling_is_reproducible_with_a_seed_and_low_temperature_is_greedy():
     assert torch.equal(sampled(3, temperature=1e-4), generate(model, prompt, 15, temperature=0))
 
 
-def test_end_token_stops_rows_and_pads_them():
+def test_end_token_stops_its_row_only_and_pads_it():
+    """Row 0 makes the end token first; row 1 never makes it and decodes on to its full length."""
     model = tiny("pre")
-    prompt = torch.randint(0, 512, (2, 4))
+    prompt = torch.randint(0, 512, (2, 4), generator=torch.Generator().manual_seed(0))
     greedy = generate(model, prompt, 10, temperature=0)
-    first_new = int(greedy[0, 4])
-    out = generate(model, prompt, 10, temperature=0, eos_token_id=first_new, pad_token_id=511)
-    assert out[0, 4] == first_new and (out[0, 5:] == 511).all()
+    end = int(greedy[0, 4])
+    assert end not in greedy[1, 4:].tolist() and end != 511, "the prompts give the rows different ends"
+    out = generate(model, prompt, 10, temperature=0, eos_token_id=end, pad_token_id=511)
+    # By hand: row 0 keeps its end token, then only padding; row 1 is its greedy sequence, whole.
+    expected = torch.stack([torch.cat([greedy[0, :5], torch.full((9,), 511)]), greedy[1]])
+    assert out.shape == (2, 14) and torch.equal(out, expected)
 
 
 def test_context_overflow_is_a_clear_error():

@@ -63,6 +63,7 @@ def test_explicit_bf16_without_native_support_runs_with_a_warning(cpu_flags):
         hardware.resolve_precision("auto", cpu, "serving")
 
 
+@pytest.mark.slow
 def test_the_reproduced_avx2_cpu_is_detected_in_a_fresh_process():
     """The environment of docs/results.md's AVX2 runs: a new process sees no native bf16."""
     code = (

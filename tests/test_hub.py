@@ -128,6 +128,7 @@ def test_gpt1_by_name_decodes_as_transformers_openai_gpt_does(hub_home):
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_tokenizers_by_name_give_their_references_ids_on_a_megabyte(hub_home, data_dir):
     text = (data_dir / "wikitext2" / "valid.txt").read_text(encoding="utf-8")
     assert len(text.encode()) > 1_000_000
@@ -158,6 +159,7 @@ def test_a_revision_picks_its_commit(hub_home, repos, data_dir, tmp_path):
 # Failures ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_unknown_name_offline_is_one_line_and_exit_2(offline_hub):
     result = subprocess.run(
         [sys.executable, "-m", "gptkit", "generate", "--model", "nobody/nothing", "--prompt", "hi"],
@@ -220,6 +222,7 @@ DOORS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("door", list(DOORS))
 def test_every_door_resolves_names_and_leaves_nothing_behind(door, hub_home, tmp_path, capsys, data_dir):
     out = tmp_path / "run"
@@ -234,6 +237,7 @@ def test_every_door_resolves_names_and_leaves_nothing_behind(door, hub_home, tmp
 # Whole stages by name ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_finetune_and_evaluate_by_name(hub_home, tmp_path, data_dir):
     run = tmp_path / "ft"
     common = ["--dataset", "sst2", "--data-dir", str(data_dir), "--max-train-examples", "16"]
@@ -254,6 +258,7 @@ def test_finetune_and_evaluate_by_name(hub_home, tmp_path, data_dir):
     assert TaskModel.from_pretrained(adapter, device="cpu").gpt.config.vocab_size == 50257
 
 
+@pytest.mark.slow
 def test_serve_by_name_answers_with_transformers_greedy_continuation(hub_home, tmp_path):
     pytest.importorskip("fastapi")
     from tests.test_serve import MODEL, Server
@@ -274,6 +279,7 @@ def test_serve_by_name_answers_with_transformers_greedy_continuation(hub_home, t
     assert answer.choices[0].text == tokenizer.decode(out[0, ids.size(1) :])
 
 
+@pytest.mark.slow
 def test_demo_from_published_weights_pairs_both_sides_update_for_update(hub_home, tmp_path, data_dir):
     from gptkit.data.metrics import paired_difference
     from gptkit.demo import DemoConfig, run_demo
@@ -316,6 +322,7 @@ def _gptkit(*args: str, env: dict) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_download_fetches_only_what_gptkit_reads_and_reports_what_the_hub_answered(repos, tmp_path):
     from tests.fake_hub import FakeHub
 
@@ -380,6 +387,7 @@ def test_download_fetches_only_what_gptkit_reads_and_reports_what_the_hub_answer
     assert result.stdout.split() == ["31373", "995"]
 
 
+@pytest.mark.slow
 def test_a_repository_without_safetensors_gives_its_pytorch_weights(repos, tmp_path):
     from tests.fake_hub import FakeHub
 

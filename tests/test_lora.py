@@ -215,6 +215,7 @@ def test_every_task_kind_trains_an_adapter_that_loads_back_to_its_recorded_score
     assert metrics[results["metric"]] == pytest.approx(results["best"][f"dev_{results['metric']}"])
 
 
+@pytest.mark.slow
 def test_a_lora_run_resumes_exactly(tmp_path, base_dir):
     train = FinetuneTrainConfig(lr=1e-2, batch_size=16, max_steps=4, checkpoint_every=2, progress=False)
     finetune(lora_config(tmp_path, base_dir, "multiple_choice"), train)

@@ -26,35 +26,57 @@ def pairs(examples) -> list[tuple[str, str, str | None]]:
     return [(*e.fields.values(), e.label) for e in examples]
 
 
+NLI = ("entailment", "neutral", "contradiction")
+QNLI = ("entailment", "not_entailment")
+
+
+def race(a: int, b: int, c: int, d: int) -> dict[int, int]:
+    """RACE's answers A-D, counted, as the labels 0-3."""
+    return {0: a, 1: b, 2: c, 3: d}
+
+
+def both(*levels: dict[int, int]) -> dict[int, int]:
+    return dict(sum((Counter(level) for level in levels), Counter()))
+
+
+# The labels of each sample, counted by hand in its files (grep the gold labels, the last column,
+# the answer letters); a test split has none. Their sum is the sample's size.
+RACE = {
+    ("train", "middle"): race(1, 4, 3, 2),
+    ("train", "high"): race(3, 4, 2, 3),
+    ("dev", "middle"): race(4, 3, 1, 3),
+    ("dev", "high"): race(1, 1, 3, 1),
+    ("test", "middle"): race(3, 1, 5, 5),
+    ("test", "high"): race(2, 2, 2, 2),
+}
+
+
 @pytest.mark.parametrize(
-    "name, split, count",
+    "name, split, labels",
     [
-        ("snli", "train", 10),
-        ("snli", "dev", 493),  # 500 rows, 7 of them without a gold label
-        ("snli", "test", 10),
-        ("mnli", "train", 4),
-        ("mnli", "dev", 4),
-        ("mnli", "dev_mismatched", 4),
-        ("qnli", "train", 3),
-        ("qnli", "dev", 500),
-        ("qnli", "test", 300),
-        ("scitail", "dev", 6),
-        ("qqp", "train", 9),
-        ("qqp", "dev", 9),
-        ("qqp", "test", 9),
-        ("race", "train", 22),
-        ("race", "dev", 17),
-        ("race", "test", 22),
-        ("race_high", "train", 12),
-        ("race_middle", "train", 10),
-        ("race_high", "dev", 6),
-        ("race_middle", "dev", 11),
-        ("race_high", "test", 8),
-        ("race_middle", "test", 14),
+        ("snli", "train", dict(zip(NLI, (3, 4, 3)))),
+        ("snli", "dev", dict(zip(NLI, (160, 165, 168)))),  # 500 rows, 7 of them without a gold label
+        ("snli", "test", dict(zip(NLI, (3, 4, 3)))),
+        ("mnli", "train", dict(zip(NLI, (3, 1, 0)))),
+        ("mnli", "dev", dict(zip(NLI, (1, 1, 2)))),
+        ("mnli", "dev_mismatched", dict(zip(NLI, (1, 0, 3)))),
+        ("qnli", "train", dict(zip(QNLI, (1, 2)))),
+        ("qnli", "dev", dict(zip(QNLI, (229, 271)))),
+        ("qnli", "test", {None: 300}),
+        ("scitail", "dev", {"entails": 3, "neutral": 3}),
+        ("qqp", "train", {"0": 6, "1": 3}),
+        ("qqp", "dev", {"0": 5, "1": 4}),
+        ("qqp", "test", {None: 9}),
+        ("race", "train", both(RACE["train", "middle"], RACE["train", "high"])),
+        ("race", "dev", both(RACE["dev", "middle"], RACE["dev", "high"])),
+        ("race", "test", both(RACE["test", "middle"], RACE["test", "high"])),
+        *[(f"race_{level}", split, RACE[split, level]) for split, level in RACE],
     ],
 )
-def test_sample_sizes(data_dir, name, split, count):
-    assert len(read_dataset(name, split, data_dir)) == count
+def test_sample_sizes_and_labels(data_dir, name, split, labels):
+    examples = read_dataset(name, split, data_dir)
+    assert Counter(e.label for e in examples) == Counter(labels)
+    assert len(examples) == sum(labels.values())
 
 
 def test_snli_skips_rows_without_a_gold_label(data_dir):

@@ -24,6 +24,8 @@ httpx = pytest.importorskip("httpx")
 
 from .test_serve import AUTH, KEY, MODEL, Server  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a server and a real browser
+
 # Chromium in a container: no sandbox (no user namespaces), no GPU, no /dev/shm, and nothing that
 # would phone home or fetch updates: the test reaches only 127.0.0.1.
 CHROMIUM_FLAGS = (

@@ -24,6 +24,8 @@ openai = pytest.importorskip("openai")
 
 from hypothesis import strategies as st  # noqa: E402
 
+pytestmark = pytest.mark.slow  # a server of five models in a subprocess
+
 AUTH = {"Authorization": f"Bearer {KEY}"}
 LABELS = {"sst2": ["negative", "positive"], "rte": ["entailment", "not_entailment"]}
 TASKS = {  # name → (task, regression)
@@ -332,10 +334,16 @@ def test_models_lists_every_model_with_what_it_answers(server):
     assert health == {"status": "ok", "model": "lm", "models": ["lm", *TASKS]}
 
 
-def test_the_language_model_still_completes_beside_the_task_models(server):
+def test_the_language_model_still_completes_beside_the_task_models(server, references, tokenizer):
     client = openai.OpenAI(base_url=f"{server.base}/v1", api_key=KEY, max_retries=0, timeout=60)
     result = client.completions.create(model="lm", prompt="Hello", max_tokens=3, temperature=0)
     assert result.model == "lm" and result.usage.completion_tokens == 3
+    from gptkit.generation import generate
+
+    ids = tokenizer.encode("Hello")
+    greedy = generate(references["lm"], torch.tensor([ids]), 3, temperature=0)[0, len(ids) :].tolist()
+    assert 50256 not in greedy, "the reference ran to its length"
+    assert result.choices[0].text == tokenizer.decode(greedy)
 
 
 def test_an_endpoint_the_model_does_not_answer_is_a_400_naming_the_model(server):
@@ -387,13 +395,21 @@ def test_bad_pooling_requests_get_a_400_saying_why(server, path, body, words):
     assert words in error["message"] and error["type"] == "invalid_request_error"
 
 
-def test_accepted_fields(server):
-    ok = post(server, "/v1/embeddings", {"model": "lm", "input": "a", "dimensions": 32, "user": "u1"})
+def test_accepted_fields(server, references, tokenizer):
+    """``dimensions`` at the model's width and ``user`` are taken, and change nothing: the answers
+    are the models' own, by hand."""
+    body = {"model": "lm", "input": "a", "encoding_format": "float", "dimensions": 32, "user": "u1"}
+    ok = post(server, "/v1/embeddings", body)
     assert ok.status_code == 200, ok.text
-    ok = post(
-        server, "/v1/classify", {"model": "mc", "input": {"context": "a", "choices": ["b", "c"]}, "user": "u"}
-    )
-    assert ok.status_code == 200 and ok.json()["data"][0]["label"] in ("0", "1")
+    want = last_state(references["lm"], tokenizer.encode("a"))
+    torch.testing.assert_close(torch.tensor(ok.json()["data"][0]["embedding"]), want, atol=1e-4, rtol=1e-4)
+    row = {"context": "a", "choices": ["b", "c"]}
+    ok = post(server, "/v1/classify", {"model": "mc", "input": row, "user": "u"})
+    assert ok.status_code == 200, ok.text
+    [got] = ok.json()["data"]
+    want = expected(references["mc"], tokenizer, row)
+    assert (got["label"], got["num_classes"]) == (want["label"], 2)
+    assert got["probs"] == pytest.approx(want["probs"], abs=1e-5)
 
 
 _JSON = st.recursive(

@@ -77,6 +77,7 @@ def real_texts(data_dir) -> dict[str, list[str]]:
 # GPT-1 ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_gpt1_ids_identical_to_original_algorithm_on_real_text(gpt1, gpt1_reference, data_dir):
     for name, texts in real_texts(data_dir).items():
         expected = gpt1_reference.encode(texts)
@@ -177,6 +178,7 @@ def test_gpt2_special_token_only_when_allowed(gpt2):
     assert gpt2.encode("a<|endoftext|>b", allow_special=True) == [64, 50256, 65]
 
 
+@pytest.mark.slow
 def test_gpt2_bad_input(gpt2):
     assert gpt2.encode("") == []
     assert gpt2.decode(gpt2.encode("\x00nul\x00")) == "\x00nul\x00"

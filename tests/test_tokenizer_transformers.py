@@ -78,6 +78,7 @@ def test_gpt2_vocabulary_gives_gptkits_ids_in_transformers(gpt2, data_dir, tmp_p
     assert hf.decode(gpt2.encode(alice)) == alice
 
 
+@pytest.mark.slow
 def test_gpt1_vocabulary_gives_gptkits_ids_in_transformers(gpt1, gpt1_in_transformers, data_dir):
     """Not transformers' OpenAIGPTTokenizer (BERT's splitting: it ' s, don ' t): gptkit's pipeline."""
     hf = gpt1_in_transformers
@@ -110,6 +111,7 @@ def test_what_transformers_gpt1_pipeline_leaves_out(gpt1, gpt1_in_transformers, 
 # Vocabularies trained by gptkit -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("style, size", [("bytelevel", 600), ("gpt1", 800)])
 def test_trained_vocabulary_gives_gptkits_ids_in_transformers(data_dir, tmp_path, style, size):
     tokenizer = train_bpe(
@@ -186,6 +188,7 @@ def test_transformers_continues_a_gptkit_model_directory_as_gptkit(
     assert_transformers_continues_as_gptkit(tmp_path, model, tokenizer)
 
 
+@pytest.mark.slow
 def test_transformers_loads_a_pretraining_run_directory_whole(data_dir, tmp_path):
     tokenizer = Tokenizer.from_pretrained(data_dir / "gpt2_bpe")
     prepare(

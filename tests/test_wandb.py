@@ -66,6 +66,7 @@ def small_shards(data_dir, tmp_path_factory) -> Path:
     return out / "shards"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="counts W&B's processes in /proc")
 def test_wandb_offline_run_gets_the_same_numbers_as_metrics_jsonl(small_shards, tmp_path, offline_wandb):
     run_dir = tmp_path / "run"

@@ -21,7 +21,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -106,13 +106,20 @@ class _Completion:
     """The sequences of one ``/v1/completions`` request, and the events the engine sends them."""
 
     def __init__(
-        self, http: Request, request: CompletionRequest, prompts: list[tuple[list[int], str]], timeout: float
+        self,
+        http: Request,
+        request: CompletionRequest,
+        prompts: list[tuple[list[int], str]],
+        timeout: float,
+        clock: Callable[[], float] = time.monotonic,
     ):
+        """``timeout`` seconds on ``clock``: the engine's, which reads the deadline."""
         self.http = http
         self.request = request
         self.id = f"cmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.deadline = time.monotonic() + timeout
+        self.clock = clock
+        self.deadline = clock() + timeout
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         loop = asyncio.get_running_loop()
 
@@ -142,7 +149,7 @@ class _Completion:
                 except asyncio.TimeoutError:
                     if await self.http.is_disconnected():
                         return
-                    if time.monotonic() > self.deadline + 10 or not engine.alive:  # the engine is stuck
+                    if self.clock() > self.deadline + 10 or not engine.alive:  # the engine is stuck
                         for choice in self.choices:
                             if not choice.done:
                                 choice.add(Event(choice.index, error="internal"))
@@ -414,7 +421,8 @@ async def _complete(server: _Server, http: Request) -> Response:
     engine = served.engine
     request = parse_completion_request(body, server.limits, engine.model.config.total_vocab_size)
     logprobs = LogprobsWriter(engine.tokenizer)
-    completion = _Completion(http, request, _encode_prompts(engine, request), server.limits.request_timeout)
+    prompts = _encode_prompts(engine, request)
+    completion = _Completion(http, request, prompts, server.limits.request_timeout, engine.clock)
     try:
         engine.submit(completion.sequences)
     except QueueFull as e:

@@ -72,7 +72,7 @@ class GenerationRequest:
     prompt_ids: list[int]
     params: SamplingParams
     deliver: Callable[[Event], None]
-    deadline: float | None = None  # time.monotonic() after which it ends with error "timeout"
+    deadline: float | None = None  # the engine's clock() after which it ends with error "timeout"
     cancelled: bool = False
     # The engine's state, from admission on.
     generated: list[int] = field(default_factory=list)
@@ -88,10 +88,19 @@ class GenerationRequest:
 class Engine:
     """Owns ``model`` and decodes every submitted sequence in one continuously batched loop."""
 
-    def __init__(self, model: GPT, tokenizer: Tokenizer, max_batch: int = 16, max_queue: int = 64):
+    def __init__(
+        self,
+        model: GPT,
+        tokenizer: Tokenizer,
+        max_batch: int = 16,
+        max_queue: int = 64,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        """``clock`` is what the sequences' deadlines are read on (a test's clock need not wait)."""
         if max_batch < 1 or max_queue < 1:
             raise ValueError(f"max_batch and max_queue must be >= 1, got {max_batch} and {max_queue}")
         self.model = model.eval()
+        self.clock = clock
         self.tokenizer = tokenizer
         self.max_batch, self.max_queue = max_batch, max_queue
         parameter = next(model.parameters())
@@ -193,7 +202,7 @@ class Engine:
 
     def _take_waiting(self) -> list[GenerationRequest]:
         joining: list[GenerationRequest] = []
-        now = time.monotonic()
+        now = self.clock()
         while self._waiting and len(joining) < self.cache.free_rows():
             request = self._waiting.popleft()
             if request.cancelled:
@@ -254,7 +263,7 @@ class Engine:
 
     def _drop_ended(self) -> None:
         """Free the rows of cancelled sequences and of those past their deadline."""
-        now = time.monotonic()
+        now = self.clock()
         for row in reversed(range(len(self._running))):
             request = self._running[row]
             if request.cancelled:
