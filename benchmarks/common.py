@@ -115,6 +115,8 @@ def emit(name: str, comparisons: list[dict], **extra) -> None:
         "date": datetime.date.today().isoformat(),
         "machine": machine(),
         "hardware": describe(),
+        # How busy the machine was (1, 5, 15 minutes): a busy one slows both sides, not always alike.
+        "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
         "comparisons": comparisons,
         **extra,
     }

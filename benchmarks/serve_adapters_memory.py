@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import DATA, emit
+from common import DATA, comparison, emit
 
 COUNTS = (1, 4, 16)
 SHAPE = dict(n_layer=12, d_model=768, n_head=12, context=1024)
@@ -107,9 +107,21 @@ def main() -> None:
         TaskModel.from_pretrained(adapters[0], device="cpu").save_pretrained(full)  # merged: a full model
         results = {f"adapters_{n}": measure(adapters[:n]) for n in COUNTS}
         results["full_model_1"] = measure([full])
+    alone = results["full_model_1"]["resident_mb"]
+    comparisons = [
+        comparison(
+            f"server RSS, {n} LoRA adapters (rank 8) over one GPT-2-small-shape base",
+            "MB",
+            results[f"adapters_{n}"]["resident_mb"],
+            "one full model (the first adapter merged)",
+            alone,
+            higher_is_better=False,
+        )
+        for n in COUNTS
+    ]
     emit(
         "serve_adapters_memory",
-        [],
+        comparisons,
         shape=SHAPE,
         adapter_files_mb=round(adapter_mb, 2),
         results=results,

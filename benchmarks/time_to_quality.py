@@ -119,7 +119,7 @@ def main() -> None:
     emit(
         "time_to_quality",
         comparisons,
-        precision=resolve_precision("auto", device).value,
+        precision=resolve_precision("auto", device, "training").name,
         recipes={name: dataclasses.asdict(RECIPES[name]) for name in names},
         runs=results,
     )

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -141,3 +143,14 @@ def test_every_readme_figure_is_in_the_table_it_links_to(claim):
     assert figures, f"README claim without a figure: {line}"
     missing = [f for f in figures if not re.search(rf"(?<![\d.]){re.escape(f)}", sections)]
     assert not missing, f"not in the linked sections: {missing} ({line[:60]}...)"
+
+
+def test_results_md_is_what_the_benchmarks_printed():
+    """docs/results.md's tables of today's figures are rendered from results/*.json, unedited."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "render_results.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted((REPO / "results").glob("*.json")), "results/ holds no benchmark's JSON"
