@@ -41,6 +41,7 @@ demo: $(STAMP)
 	@test -d "$(DATA)/gutenberg" -a -d "$(DATA)/story_cloze_2016" || $(PYTHON) -m gptkit data fetch --demo --out "$(DATA)"
 	GPTKIT_DATA=$(DATA) $(PYTHON) -m gptkit demo --data $(DATA) --out $(RUNS)/demo \
 		$(if $(INIT),--init $(INIT),--time-budget $(DEMO_BUDGET))
+	$(PYTHON) scripts/render_results.py --keep demo $(RUNS)/demo/summary.json
 
 # The paper's experiments on a CPU slice (docs/paper.md): pre-train a GPT with the demo's recipe
 # (`minutes`, docs/results.md), then every fine-tuning task of Tables 2-4 with Table 5's ablations
@@ -87,6 +88,7 @@ paper: $(STAMP)
 		--out $(PAPER)/figure2-layers $(FIGURE_SLICE) --no-progress
 	$(PYTHON) -m gptkit figure2 zeroshot --run $(PAPER)/pretrain --data-dir $(DATA) \
 		--out $(PAPER)/figure2-zeroshot --limit 500
+	$(PYTHON) scripts/render_results.py --keep paper $(PAPER)/suite/results.json
 
 # Each benchmark prints its JSON and keeps it in results/; scripts/render_results.py renders them
 # into docs/results.md's tables.

@@ -2,15 +2,20 @@
 
 A figure in those tables is what a benchmark printed: the tables sit between two markers in
 docs/results.md and are rewritten whole, never edited by hand. `--check` only compares, and exits 1
-when the file is not what results/ renders (tests/test_docs.py runs it).
+when the file is not what results/ renders (tests/test_docs.py runs it). `make demo` and `make
+paper` keep their figures the same way (`--keep`): the run's own summary, less its paths and
+samples, becomes results/demo.json or results/paper.json.
 
     python scripts/render_results.py            # rewrite the tables
     python scripts/render_results.py --check    # are they up to date?
+    python scripts/render_results.py --keep demo runs/demo/summary.json
+    python scripts/render_results.py --keep paper runs/paper/suite/results.json
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import sys
 from pathlib import Path
@@ -34,6 +39,8 @@ AREAS = {
     "evaluate_throughput": "Evaluation",
     "harness_throughput": "lm-evaluation-harness",
     "lora_finetune": "LoRA fine-tuning",
+    "demo": "The demo (`make demo`)",
+    "paper": "The paper on a CPU slice (`make paper`)",
 }
 
 
@@ -55,10 +62,9 @@ def hardware(record: dict) -> str:
     return isa
 
 
-def table(record: dict) -> list[str]:
-    name = record["benchmark"]
-    lines = [
-        f"### {AREAS.get(name, name)} (`benchmarks/{name}.py`)",
+def heading(record: dict) -> list[str]:
+    return [
+        f"### {title(record)}",
         "",
         f"{record.get('date', 'undated')}; {record['machine']}; {hardware(record)}"
         + (
@@ -67,9 +73,24 @@ def table(record: dict) -> list[str]:
             else "."
         ),
         "",
-        "| what | gptkit | peer | ratio |",
-        "|---|---:|---|---:|",
     ]
+
+
+def title(record: dict) -> str:
+    name = record["benchmark"]
+    if name == "demo" and record.get("init"):
+        return f"The demo from published weights (`make demo INIT={record['init']}`)"
+    if name in ("demo", "paper"):
+        return AREAS[name]
+    return f"{AREAS.get(name, name)} (`benchmarks/{name}.py`)"
+
+
+def table(record: dict) -> list[str]:
+    if record["benchmark"] == "demo":
+        return demo_table(record)
+    if record["benchmark"] == "paper":
+        return paper_table(record)
+    lines = [*heading(record), "| what | gptkit | peer | ratio |", "|---|---:|---|---:|"]
     for row in record["comparisons"]:
         unit = row["unit"]
         if row.get("skipped"):
@@ -81,11 +102,102 @@ def table(record: dict) -> list[str]:
     return [*lines, ""]
 
 
+def demo_table(record: dict) -> list[str]:
+    if record.get("init"):
+        start = f"From {record['init']}"
+    else:
+        start = f"The {record['recipe']} recipe, {record['pretrain_updates']:,} pre-training updates"
+    lines = [
+        *heading(record),
+        f"{start}, {record['seconds'] / 60:.1f} minutes in all. Pre-trained − from scratch: the same",
+        "examples, settings and order on both sides; ± the standard error of the paired difference",
+        "(examples only: one fine-tuning a side).",
+        "",
+        "| task | metric | examples | pre-trained | from scratch | majority class | difference | updates |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, task in record["tasks"].items():
+        lines.append(
+            f"| {name} | {task['metric']} | {task['examples']:,} | {task['pretrained']:.3f} | "
+            f"{task['from_scratch']:.3f} | {task['majority_class']:.3f} | "
+            f"{task['difference']:+.3f} ± {task['stderr']:.3f} | {task['updates']} |"
+        )
+    return [*lines, ""]
+
+
+def paper_table(record: dict) -> list[str]:
+    lines = [
+        *heading(record),
+        "`full` (pre-trained, λ = 0.5) − each variant, in points, ± the standard error of the difference",
+        "over seeds and examples; a difference counts where it clears the threshold (in standard errors)",
+        "that its number of seeds sets. With one seed the error counts the examples only, not the",
+        "training noise (‡): a difference there is one to recheck with more seeds.",
+        "",
+        "| variant | task | examples | seeds | full − variant | in s.e. | threshold | per seed | clears |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for variant, tasks in record["comparisons"].items():
+        for rows in tasks.values():
+            for row in rows:
+                per_seed = ", ".join(f"{x:+.2f}" for x in row["per_seed"])
+                ratio = f"{row['difference'] / row['stderr']:+.1f}" if row["stderr"] else "—"
+                mark = "" if row["training_noise_counted"] else " ‡"
+                lines.append(
+                    f"| {variant} | {row['title']} | {row['examples']:,} | {len(row['seeds'])} | "
+                    f"{row['difference']:+.2f} ± {row['stderr']:.2f}{mark} | {ratio} | {row['threshold']:.2f} | "
+                    f"{per_seed} | {'yes' if row['claimed'] else 'no'} |"
+                )
+    return [*lines, ""]
+
+
+def keep(kind: str, source: Path, results: Path = RESULTS) -> Path:
+    """``make demo``'s summary.json or ``make paper``'s suite results.json as results/<kind>.json:
+    its figures, the machine and the run's date, without paths or samples."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from common import machine
+
+    from gptkit.hardware import describe
+
+    run = json.loads(source.read_text(encoding="utf-8"))
+    record = {
+        "benchmark": kind,
+        # The run's date, which is when its file was written, not when it is kept.
+        "date": datetime.date.fromtimestamp(source.stat().st_mtime).isoformat(),
+        "machine": machine(),
+        "hardware": describe(),
+    }
+    if kind == "demo":
+        fields = ("metric", "examples", "pretrained", "from_scratch", "majority_class", "difference")
+        record |= {
+            "recipe": run["recipe"],
+            "init": run.get("init"),
+            "seconds": run["seconds"],
+            "pretrain_updates": run.get("pretrain", {}).get("steps"),
+            "tasks": {
+                name: {k: task[k] for k in (*fields, "stderr", "updates")}
+                for name, task in run["tasks"].items()
+            },
+        }
+    else:
+        record["comparisons"] = run["comparisons"]
+    results.mkdir(parents=True, exist_ok=True)
+    # The demo from published weights is its own table beside the pre-training demo's.
+    target = results / (
+        f"{kind}.json" if not record.get("init") else f"{kind}-{Path(record['init']).name}.json"
+    )
+    target.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return target
+
+
 def render(results: Path = RESULTS) -> str:
     records = [json.loads(path.read_text(encoding="utf-8")) for path in sorted(results.glob("*.json"))]
     order = list(AREAS)
     records.sort(
-        key=lambda r: (order.index(r["benchmark"]) if r["benchmark"] in order else len(order), r["benchmark"])
+        key=lambda r: (
+            order.index(r["benchmark"]) if r["benchmark"] in order else len(order),
+            r["benchmark"],
+            r.get("init") or "",
+        )
     )
     lines = [
         BEGIN,
@@ -111,7 +223,20 @@ def updated(document: str, tables: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare only; exit 1 when out of date")
+    parser.add_argument(
+        "--keep",
+        nargs=2,
+        metavar=("KIND", "FILE"),
+        help="keep a run's figures first: demo runs/demo/summary.json, or paper runs/paper/suite/results.json",
+    )
     args = parser.parse_args()
+    if args.keep:
+        kind, source = args.keep
+        if kind not in ("demo", "paper"):
+            parser.error(f"--keep: KIND is demo or paper, not {kind!r}")
+        if not Path(source).is_file():
+            parser.error(f"--keep: {source} does not exist; run `make {kind}` first")
+        print(f"kept {source} as {keep(kind, Path(source)).relative_to(REPO)}")
     document = DOC.read_text(encoding="utf-8")
     new = updated(document, render())
     if args.check:

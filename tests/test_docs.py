@@ -4,6 +4,7 @@ points at a file that exists (and, with a #fragment, at one of its headings)."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -154,3 +155,24 @@ def test_results_md_is_what_the_benchmarks_printed():
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted((REPO / "results").glob("*.json")), "results/ holds no benchmark's JSON"
+
+
+def test_a_demo_run_is_kept_without_its_paths_and_rendered_with_its_figures(tmp_path):
+    """`make demo` keeps its summary as results/demo.json: the figures stay, the samples and paths
+    go, and the table shows each task's difference with its paired standard error."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import render_results
+
+    task = {"metric": "dev accuracy", "examples": 872, "pretrained": 0.7, "from_scratch": 0.65}
+    task |= {"majority_class": 0.509, "difference": 0.05, "stderr": 0.0123, "updates": 186, "path": "/x"}
+    summary = tmp_path / "summary.json"
+    summary.write_text(
+        '{"recipe": "minutes", "pretrain": {"steps": 1234, "val_loss": 3.1}, "seconds": 600.0,'
+        f' "tasks": {{"sst2": {json.dumps(task)}}}, "samples": {{"A": "b"}}, "sampling": {{}}}}'
+    )
+    kept = render_results.keep("demo", summary, tmp_path / "results")
+    record = json.loads(kept.read_text())
+    assert kept.name == "demo.json" and "samples" not in record and "path" not in record["tasks"]["sst2"]
+    rows = "\n".join(render_results.table(record))
+    assert "1,234 pre-training updates, 10.0 minutes" in rows
+    assert "| sst2 | dev accuracy | 872 | 0.700 | 0.650 | 0.509 | +0.050 ± 0.012 | 186 |" in rows
