@@ -29,6 +29,7 @@ demo's shape, vocabulary, learning rate and schedule are chosen for that budget
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
@@ -52,8 +53,9 @@ from gptkit.io import write_json
 from gptkit.model.task import TaskModel
 from gptkit.tokenizer import train_bpe
 from gptkit.train.config import TrainConfig, parse_duration
-from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig, finetune
+from gptkit.train.finetune import FinetuneConfig, finetune, paper_finetuning
 from gptkit.train.pretrain import PretrainConfig, pretrain
+from gptkit.train.run import ModelShape
 from gptkit.train.rundir import RunDir
 
 MARKER = ".gptkit-demo"
@@ -247,22 +249,26 @@ def compare_inits(
     for init in ("pretrained", "from_scratch"):
         run = out / f"{name}-{init}"
         config = FinetuneConfig(
+            # dropout 0.1, the paper's, for both: pre-training may have run without dropout
+            model=ModelShape(init=str(pretrained), random_init=init == "from_scratch", dropout=0.1),
             dataset=task.dataset,
             data_dir=str(data),
-            init=str(pretrained),
-            random_init=init == "from_scratch",
-            dropout=0.1,  # the paper's, for both: pre-training may have run without dropout
             out=str(run),
             epochs=task.epochs,
             max_train_examples=QUICK_TASK_EXAMPLES["train"] if quick else None,  # None: all
             max_eval_examples=QUICK_TASK_EXAMPLES["dev"] if quick else None,
             device=device,
+            # Evaluated once, at the end: the reported model is the last one, never picked by a score.
+            training=dataclasses.replace(
+                paper_finetuning(),
+                lr=task.lr,
+                batch_size=task.batch_size,
+                precision=precision,
+                eval_every=10**9,
+                progress=True,
+            ),
         )
-        # Evaluated once, at the end: the reported model is the last one, never picked by a score.
-        train = FinetuneTrainConfig(
-            lr=task.lr, batch_size=task.batch_size, precision=precision, eval_every=10**9, progress=True
-        )
-        finetune(config, train)
+        finetune(config)
         correct[init] = correct_per_example(run, report, device=device)
         # Each example's outcome, kept: the paired comparison can be recomputed from these files.
         write_json(run / "report_correct.json", {"split": task.report_split, "correct": correct[init]})
@@ -346,28 +352,27 @@ def compare_published(
     updates = None
     for side in ("pretrained", "from_scratch"):
         run = out / f"{name}-{side}"
+        budget = None if quick or updates is not None else f"{seconds * TRAIN_SHARE:.0f}s"
         config = FinetuneConfig(
+            model=ModelShape(init=init, random_init=side == "from_scratch", dropout=0.1),
             dataset=task.dataset,
             data_dir=str(data),
-            init=init,
-            random_init=side == "from_scratch",
-            dropout=0.1,
             out=str(run),
             epochs=1,  # an upper bound: the budget's plan ends the run within the first epoch
             max_train_examples=QUICK_TASK_EXAMPLES["train"] if quick else None,
             max_eval_examples=QUICK_TASK_EXAMPLES["dev"] if quick else SCORE_CHUNK,  # scored below
             device=device,
+            training=dataclasses.replace(
+                paper_finetuning(),
+                batch_size=PUBLISHED_BATCH_SIZE,
+                precision=precision,
+                eval_every=10**9,
+                progress=True,
+                time_budget=budget,
+                max_steps=updates,
+            ),
         )
-        budget = None if quick or updates is not None else f"{seconds * TRAIN_SHARE:.0f}s"
-        train = FinetuneTrainConfig(
-            batch_size=PUBLISHED_BATCH_SIZE,
-            precision=precision,
-            eval_every=10**9,
-            progress=True,
-            time_budget=budget,
-            max_steps=updates,
-        )
-        finetune(config, train)
+        finetune(config)
         updates = updates or RunDir(run).resolved_max_steps()
         if side == "pretrained":
             limit = QUICK_TASK_EXAMPLES["dev"] if quick else None
