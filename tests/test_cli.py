@@ -497,10 +497,12 @@ def test_each_training_command_keeps_its_own_defaults_in_its_nested_configs():
     fine-tuning settings (§4.1), written here from the paper, not from the code."""
     from gptkit.train.config import TrainConfig
     from gptkit.train.finetune import FinetuneConfig, LoRAConfig, resolved_training
+    from gptkit.train.pretrain import PretrainConfig
     from gptkit.train.run import ModelShape
 
-    (_, train) = _configs("pretrain", "--data", "shards")
-    assert train == TrainConfig()
+    (pretrain,) = _configs("pretrain", "--data", "shards")
+    train = pretrain.training
+    assert pretrain == PretrainConfig(data="shards") and train == TrainConfig()
     assert (train.lr, train.batch_size, train.max_steps, train.schedule) == (2.5e-4, 64, 100_000, "cosine")
     assert train.warmup_for(100_000) == 2000
 
@@ -601,3 +603,17 @@ def test_a_nested_config_round_trips_through_json_and_the_config_file(tmp_path):
     nested.write_text('{"lora": {"rnak": 2}}')
     with pytest.raises(ValueError, match="unknown field.*: lora_rnak"):
         _configs("finetune", "--config", str(nested))
+
+
+def test_a_required_field_may_come_from_the_config_file(tmp_path):
+    """PretrainConfig.data has no default: --data, or data in the --config file (here in a section,
+    as docs/pretraining.md shows); neither is an error naming both."""
+    file = tmp_path / "run.yaml"
+    file.write_text("pretrain:\n  data: shards\ntrain:\n  lr: 0.001\n")
+    (config,) = _configs("pretrain", "--config", str(file))
+    assert (config.data, config.training.lr) == ("shards", 0.001)
+    with pytest.raises(
+        ValueError,
+        match=r"^PretrainConfig.data \(--data\): is required: give --data, or data in --config FILE$",
+    ):
+        _configs("pretrain", "--lr", "0.001")

@@ -220,7 +220,10 @@ def dataclass_from_args(
             values[f.name] = tuple(value) if _base_type(hints[f.name])[2] is tuple else value
         elif f.name not in values and _default(f) is dataclasses.MISSING:
             # Only a command with --config FILE gets here: its parser lets the flag be left out.
-            raise ValueError(f"{_flag(dest)} is required: give it, or {dest} in the --config file")
+            flag = _flag(dest)
+            raise ValueError(
+                f"{cls.__name__}.{f.name} ({flag}): is required: give {flag}, or {dest} in --config FILE"
+            )
     return cls(**values)
 
 
@@ -324,10 +327,10 @@ def cmd_prepare(config) -> None:
     print(f"wrote {config.out}: {counts['train']:,} training and {counts['val']:,} validation tokens")
 
 
-def cmd_pretrain(config, train) -> None:
+def cmd_pretrain(config) -> None:
     from gptkit.train.pretrain import pretrain
 
-    metrics = pretrain(config, train)
+    metrics = pretrain(config)
     print(json.dumps({"out": config.out, **metrics}))
 
 
@@ -467,7 +470,6 @@ def _commands() -> list[Command]:
     from gptkit.serve.config import ServeConfig
     from gptkit.tokenizer.base import TokenizeConfig
     from gptkit.tokenizer.train import TokenizerTrainConfig
-    from gptkit.train.config import TrainConfig
     from gptkit.train.finetune import FinetuneConfig
     from gptkit.train.pretrain import PretrainConfig
 
@@ -480,7 +482,7 @@ def _commands() -> list[Command]:
         Command("prepare", (PrepareConfig,), cmd_prepare),
         Command(
             "pretrain",
-            (PretrainConfig, TrainConfig),
+            (PretrainConfig,),
             cmd_pretrain,
             config_file=True,
             summary="Pre-train a GPT (L1) on prepared token shards.",

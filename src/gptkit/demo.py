@@ -41,6 +41,7 @@ from typing import Literal
 import numpy as np
 
 from gptkit import hub
+from gptkit.config import check_choices
 from gptkit.data.metrics import paired_difference
 from gptkit.data.prepare import prepare
 from gptkit.data.registry import DATASETS, read_dataset
@@ -52,7 +53,7 @@ from gptkit.hardware import DEVICE_HELP, Precision, resolve_device, resolve_prec
 from gptkit.io import write_json
 from gptkit.model.task import TaskModel
 from gptkit.tokenizer import train_bpe
-from gptkit.train.config import TrainConfig, parse_duration
+from gptkit.train.config import OptimizerName, Schedule, TrainConfig, parse_duration
 from gptkit.train.finetune import FinetuneConfig, finetune, paper_finetuning
 from gptkit.train.pretrain import PretrainConfig, pretrain
 from gptkit.train.run import ModelShape
@@ -76,13 +77,16 @@ class PretrainRecipe:
     context_length: int
     batch_size: int
     lr: float
-    schedule: str
-    optimizer: str
+    schedule: Schedule
+    optimizer: OptimizerName
     dropout: float | None  # None: the preset's 0.1
     adamw_lr_scale: float = 1.0  # with Muon: AdamW's rate (embeddings, biases, gains) as a share of lr
     weight_decay: float = 0.01  # decoupled, on matrices and embeddings (the paper's 0.01 by default)
     warmup_steps: int | None = None
     eval_every: int | None = None  # None: only at the end
+
+    def __post_init__(self) -> None:
+        check_choices(self)  # schedule, optimizer: TrainConfig's own Literal types
 
     def configs(
         self,
@@ -93,19 +97,15 @@ class PretrainRecipe:
         precision: str = "auto",
         device: str = "auto",
         progress: bool = True,
-    ) -> tuple[PretrainConfig, TrainConfig]:
-        """The pre-training command's two configs for this recipe."""
-        model = PretrainConfig(
-            data=str(shards),
-            out=str(out),
+    ) -> PretrainConfig:
+        """The pre-training command's config for this recipe."""
+        model = ModelShape(
             preset=DEMO_PRESET,
             context_length=self.context_length,
             n_layer=self.n_layer,
             n_head=self.n_head,
             d_model=self.d_model,
             dropout=self.dropout,
-            eval_windows=64,
-            device=device,
         )
         train = TrainConfig(
             max_steps=max_steps,
@@ -123,7 +123,9 @@ class PretrainRecipe:
             log_every=5,
             progress=progress,
         )
-        return model, train
+        return PretrainConfig(
+            data=str(shards), model=model, out=str(out), eval_windows=64, device=device, training=train
+        )
 
 
 RECIPES = {
@@ -483,7 +485,7 @@ def run_demo(config: DemoConfig) -> dict:
     )
     meta = prepare(out / "tokenizer", corpus, out / "shards", val_fraction=0.02)
     print(f"    corpus: {meta['counts']['train']:,} training tokens, {meta['counts']['val']:,} held out")
-    pre, train = shape.configs(
+    pre = shape.configs(
         out / "shards",
         out / "pretrain",
         budget,
@@ -491,7 +493,7 @@ def run_demo(config: DemoConfig) -> dict:
         config.precision,
         config.device,
     )
-    pre_metrics = pretrain(pre, train)
+    pre_metrics = pretrain(pre)
     steps_run = RunDir(out / "pretrain").resolved_max_steps()
     print(
         f"    validation loss {pre_metrics['val_loss']:.3f} (perplexity {pre_metrics['val_ppl']:.1f}) "
