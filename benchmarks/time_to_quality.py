@@ -45,9 +45,9 @@ def shards_for(vocab_size: int, work: Path, cache: dict[int, Path]) -> Path:
 
 
 def run(recipe: PretrainRecipe, shards: Path, budget_s: float, out: Path) -> dict:
-    config, train = recipe.configs(shards, out, f"{budget_s}s", 1_000_000, "auto", "auto", progress=False)
+    config = recipe.configs(shards, out, f"{budget_s}s", 1_000_000, "auto", "auto", progress=False)
     started = time.perf_counter()
-    pretrain(config, train)
+    pretrain(config)
     seconds = time.perf_counter() - started
     resolved = read_json(out / "run_config.json")["resolved"]
     result = held_out_bits_per_byte(GPT.from_pretrained(out).eval(), shards)

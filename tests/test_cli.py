@@ -482,3 +482,138 @@ def test_a_bad_sampling_value_is_a_one_line_error_before_the_model_loads(tmp_pat
     # No model at all: the value is refused first.
     assert main(["generate", "--model", str(tmp_path / "none"), "--top-p", "1.5"]) == 2
     assert capsys.readouterr().err == "gptkit generate: error: top_p must be in (0, 1], got 1.5\n"
+
+
+def _configs(*argv: str) -> list:
+    from gptkit.cli import _build_configs, build_parser
+
+    args = build_parser().parse_args(list(argv))
+    return _build_configs(args.command_spec, args)
+
+
+def test_each_training_command_keeps_its_own_defaults_in_its_nested_configs():
+    """One TrainConfig class, two sets of defaults: `gptkit pretrain`'s are GPT-1's pre-training
+    (TrainConfig's own), `gptkit finetune`'s (and the suite's, and the transfer curve's) the paper's
+    fine-tuning settings (§4.1), written here from the paper, not from the code."""
+    from gptkit.train.config import TrainConfig
+    from gptkit.train.finetune import FinetuneConfig, LoRAConfig, resolved_training
+    from gptkit.train.pretrain import PretrainConfig
+    from gptkit.train.run import ModelShape
+
+    (pretrain,) = _configs("pretrain", "--data", "shards")
+    train = pretrain.training
+    assert pretrain == PretrainConfig(data="shards") and train == TrainConfig()
+    assert (train.lr, train.batch_size, train.max_steps, train.schedule) == (2.5e-4, 64, 100_000, "cosine")
+    assert train.warmup_for(100_000) == 2000
+
+    (finetune,) = _configs("finetune", "--dataset", "sst2")
+    assert finetune == FinetuneConfig(dataset="sst2")  # the flags' defaults are the library's
+    paper = finetune.training
+    assert (paper.lr, paper.batch_size, paper.schedule, finetune.epochs, finetune.lm_coef) == (
+        6.25e-5, 32, "linear", 3, 0.5,
+    )  # fmt: skip
+    assert (paper.max_steps, paper.warmup_steps, paper.eval_every, paper.checkpoint_every) == (None,) * 4
+    assert (paper.weight_decay, paper.grad_clip, finetune.clf_dropout, paper.seed) == (0.01, 1.0, 0.1, 1337)
+    assert finetune.model == ModelShape() and finetune.lora == LoRAConfig() and finetune.group_by_length
+    # Unset step counts follow the epochs: 3 epochs of 1,000 updates, warm-up over 0.2% of them.
+    resolved = resolved_training(paper, epochs=3, steps_per_epoch=1000)
+    assert (resolved.max_steps, resolved.warmup_steps, resolved.eval_every) == (3000, 6, 1000)
+    assert resolved_training(paper, epochs=1, steps_per_epoch=10).warmup_steps == 1  # at least one
+
+    (suite,) = _configs("suite", "--init", "gpt2")
+    assert suite.finetune == FinetuneConfig(model=ModelShape(init="gpt2"))
+    (curve,) = _configs("figure2", "layers", "--init", "gpt2", "--lr", "1e-4")
+    assert curve.finetune.training.lr == 1e-4 and curve.finetune.training.batch_size == 32
+
+
+def test_nested_flags_keep_their_flat_names_and_fill_the_nested_configs():
+    from gptkit.train.finetune import LoRAConfig
+
+    (config,) = _configs(
+        "finetune", "--dataset", "sst2", "--init", "gpt2", "--n-layer", "2", "--lora-rank", "4",
+        "--lora-targets", "c_attn", "--lr", "1e-4", "--schedule", "constant", "--train", "train.csv",
+    )  # fmt: skip
+    assert (config.model.init, config.model.n_layer, config.train) == ("gpt2", 2, "train.csv")
+    assert config.lora == LoRAConfig(rank=4, targets=["c_attn"])
+    assert (config.training.lr, config.training.schedule, config.training.batch_size) == (
+        1e-4,
+        "constant",
+        32,
+    )
+    # A nested config's own checks name the flag a user typed.
+    with pytest.raises(ValueError, match=r"^LoRAConfig.alpha \(--lora-alpha\): applies to LoRA runs only"):
+        _configs("finetune", "--lora-alpha", "8")
+    # The suite and the transfer curve show the flags they had before their fine-tuning settings
+    # were nested (listed from that version), no more: the rest of the template is each task's own.
+    training = {
+        "--adamw-lr-scale", "--batch-size", "--beta1", "--beta2", "--checkpoint-every", "--compile",
+        "--eps", "--eval-every", "--fsdp", "--grad-clip", "--group-by-length", "--keep-checkpoints",
+        "--log-every", "--log-to", "--lr", "--max-steps", "--micro-batch-size", "--on-nonfinite",
+        "--optimizer", "--precision", "--progress", "--schedule", "--seed", "--time-budget",
+        "--warmup-steps", "--weight-decay", "--data-dir", "--device", "--epochs", "--init",
+        "--max-eval-examples", "--max-train-examples", "--out", "--seeds", "--tokenizer",
+    }  # fmt: skip
+    suite = {"--lm-coef", "--lora-alpha", "--lora-rank", "--lora-targets", "--max-length", "--tasks"}
+    suite |= {"--transfer-layers", "--variants"}
+    assert _flags("suite") == training | suite
+    assert _flags("figure2", "layers") == training | {"--layers", "--task"}
+
+
+def _flags(*words: str) -> set[str]:
+    """A command's flags, without --help, --config and the --no- forms of switches."""
+    from gptkit.cli import build_parser
+
+    parser = build_parser()
+    for word in words:
+        parser = next(a for a in parser._actions if a.dest.endswith("command")).choices[word]
+    names = {o for a in parser._actions for o in a.option_strings}
+    return {o for o in names if not o.startswith("--no-")} - {"-h", "--help", "--config"}
+
+
+def test_a_nested_config_round_trips_through_json_and_the_config_file(tmp_path):
+    """A FinetuneConfig written as JSON (nested: asdict; or flat by flag name: run_config.json's
+    section) and read back by --config is the same config."""
+    import dataclasses
+
+    from gptkit.config import flat_fields
+    from gptkit.train.finetune import FinetuneConfig, LoRAConfig, paper_finetuning
+    from gptkit.train.run import ModelShape
+
+    config = FinetuneConfig(
+        model=ModelShape(init="gpt2", dropout=0.2, context_length=128),
+        dataset="rte",
+        epochs=2,
+        group_by_length=False,
+        lora=LoRAConfig(rank=8, alpha=4.0, targets=["c_attn", "c_fc"]),
+        merge=True,
+        training=dataclasses.replace(paper_finetuning(), lr=3e-5, seed=7, log_to=["tensorboard"]),
+    )
+    nested, flat = tmp_path / "nested.json", tmp_path / "flat.json"
+    nested.write_text(json.dumps(dataclasses.asdict(config)))
+    flat.write_text(json.dumps(flat_fields(config)))
+    assert _configs("finetune", "--config", str(nested)) == [config]
+    assert _configs("finetune", "--config", str(flat)) == [config]
+    # Flags still override the file.
+    (again,) = _configs("finetune", "--config", str(nested), "--lora-rank", "2", "--lr", "1e-3")
+    assert again == dataclasses.replace(
+        config,
+        lora=dataclasses.replace(config.lora, rank=2),
+        training=dataclasses.replace(config.training, lr=1e-3),
+    )
+    nested.write_text('{"lora": {"rnak": 2}}')
+    with pytest.raises(ValueError, match="unknown field.*: lora_rnak"):
+        _configs("finetune", "--config", str(nested))
+
+
+def test_a_required_field_may_come_from_the_config_file(tmp_path):
+    """PretrainConfig.data has no default: --data, or data in the --config file (here in a section,
+    as docs/pretraining.md shows); neither is an error naming both."""
+    file = tmp_path / "run.yaml"
+    file.write_text("pretrain:\n  data: shards\ntrain:\n  lr: 0.001\n")
+    (config,) = _configs("pretrain", "--config", str(file))
+    assert (config.data, config.training.lr) == ("shards", 0.001)
+    with pytest.raises(
+        ValueError,
+        match=r"^PretrainConfig.data \(--data\): is required: give --data, or data in --config FILE$",
+    ):
+        _configs("pretrain", "--lr", "0.001")

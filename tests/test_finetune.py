@@ -3,6 +3,7 @@ transformers' double-heads model, the dataset readers, and a run end to end."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -18,7 +19,8 @@ from gptkit.data.tables import read_table
 from gptkit.data.tasks import TaskSpec, build_sequences, collate, encode_examples, fit_segments
 from gptkit.evaluate.finetuned import evaluate_model, predict
 from gptkit.model.task import TaskModel
-from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig, finetune
+from gptkit.train.finetune import FinetuneConfig, finetune, paper_finetuning
+from gptkit.train.run import ModelShape
 
 SPECIALS = {"_start_": 100, "_delimiter_": 101, "_classify_": 102}
 WORDS = {w: i for i, w in enumerate("the cat sat on a mat dog ran far away yes no".split())}
@@ -357,15 +359,15 @@ def test_finetune_end_to_end_from_scratch(tmp_path, data_dir):
     config = csv_config(
         data_dir,
         tmp_path,
-        d_model=32,
-        context_length=32,
+        model=ModelShape(preset="tiny", d_model=32, context_length=32),
         epochs=8,
         lm_coef=0.0,
+        training=dataclasses.replace(paper_finetuning(), lr=3e-3, batch_size=16, progress=False),
     )
-    train = FinetuneTrainConfig(lr=3e-3, batch_size=16, progress=False)
-    results = finetune(config, train)
+    results = finetune(config)
     assert results["best"]["dev_accuracy"] >= 0.9
-    # The configs passed in are not changed: a second run with them derives its own step counts.
+    # The config passed in is not changed: a second run with it derives its own step counts.
+    train = config.training
     assert (train.max_steps, train.warmup_steps, train.eval_every) == (None, None, None)
     assert results["steps"] == 8 * (256 // 16)
     run = tmp_path / "run"
@@ -409,19 +411,20 @@ def test_unusable_training_files_stop_before_training_naming_file_and_column(
     (tmp_path / "dev.csv").write_text(dev_text)
     config = csv_config(data_dir, tmp_path)
     with pytest.raises(ValueError, match=message):
-        finetune(config, FinetuneTrainConfig(progress=False))
+        finetune(config)
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def csv_config(data_dir: Path, tmp_path: Path, **overrides) -> FinetuneConfig:
     """Fine-tuning a tiny model on tmp_path's train.csv/dev.csv (review, sentiment columns)."""
-    return FinetuneConfig(
+    values = dict(
         task="classification",
         train=str(tmp_path / "train.csv"),
         dev=str(tmp_path / "dev.csv"),
         columns="text=review,label=sentiment",
         tokenizer=str(data_dir / "gpt2_bpe"),
-        preset="tiny",
+        model=ModelShape(preset="tiny"),
         out=str(tmp_path / "run"),
-        **overrides,
+        training=dataclasses.replace(paper_finetuning(), progress=False),
     )
+    return FinetuneConfig(**{**values, **overrides})

@@ -30,7 +30,9 @@ from gptkit.model.task import TaskModel, lora_task_info, save_task_model
 from gptkit.serve.config import ServeLimits
 from gptkit.serve.models import CLASSIFY, EMBEDDINGS, embed, load_models
 from gptkit.tokenizer import Tokenizer
-from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig, finetune
+from gptkit.train.config import TrainConfig
+from gptkit.train.finetune import FinetuneConfig, LoRAConfig, finetune, paper_finetuning
+from gptkit.train.run import ModelShape
 from gptkit.train.rundir import RunDir
 
 
@@ -142,6 +144,11 @@ def write_rows(path: Path, task: str, n: int, seed: int) -> str:
     return columns
 
 
+def training(**settings) -> TrainConfig:
+    """Fine-tuning's training-loop defaults with ``settings``, without a progress bar."""
+    return dataclasses.replace(paper_finetuning(), progress=False, **settings)
+
+
 def lora_config(tmp_path: Path, base_dir: Path, task: str, **overrides) -> FinetuneConfig:
     columns = write_rows(tmp_path / "train.csv", task, 64, seed=0)
     write_rows(tmp_path / "dev.csv", task, 16, seed=1)
@@ -150,18 +157,19 @@ def lora_config(tmp_path: Path, base_dir: Path, task: str, **overrides) -> Finet
         train=str(tmp_path / "train.csv"),
         dev=str(tmp_path / "dev.csv"),
         columns=columns,
-        init=str(base_dir),
+        model=ModelShape(init=str(base_dir)),
         out=str(tmp_path / "run"),
-        lora_rank=4,
+        lora=LoRAConfig(rank=4),
     )
     return FinetuneConfig(**{**settings, **overrides})
 
 
 def test_lora_finetuning_learns_saves_the_adapter_alone_and_leaves_the_base_frozen(tmp_path, base_dir):
-    config = lora_config(tmp_path, base_dir, "classification", epochs=6, merge=True, lm_coef=0.0)
-    results = finetune(
-        config, FinetuneTrainConfig(lr=2e-2, batch_size=16, log_every=1, precision="fp32", progress=False)
+    train = training(lr=2e-2, batch_size=16, log_every=1, precision="fp32")
+    config = lora_config(
+        tmp_path, base_dir, "classification", epochs=6, merge=True, lm_coef=0.0, training=train
     )
+    results = finetune(config)
     run = tmp_path / "run"
     # By hand: rank 4 on 2 blocks × (c_attn 16→48, c_proj 16→16, c_fc 16→64, c_proj 64→16),
     # the 3 special tokens' rows and the head W_y (16 → 2, with bias).
@@ -202,11 +210,10 @@ def test_lora_finetuning_learns_saves_the_adapter_alone_and_leaves_the_base_froz
 
 @pytest.mark.parametrize("task", ["entailment", "similarity", "multiple_choice"])
 def test_every_task_kind_trains_an_adapter_that_loads_back_to_its_recorded_score(tmp_path, base_dir, task):
-    config = lora_config(tmp_path, base_dir, task, eval_batch_size=16)
+    train = training(lr=1e-2, batch_size=16, max_steps=2, precision="fp32")
+    config = lora_config(tmp_path, base_dir, task, eval_batch_size=16, training=train)
     # fp32, as the loaded model computes: a bf16 evaluation may break near-ties the other way.
-    results = finetune(
-        config, FinetuneTrainConfig(lr=1e-2, batch_size=16, max_steps=2, precision="fp32", progress=False)
-    )
+    results = finetune(config)
     model = TaskModel.from_pretrained(tmp_path / "run", device="cpu")
     dev = read_table(tmp_path / "dev.csv", task, parse_columns(config.columns))
     encoded = model.encode(dev, require_labels=True)
@@ -217,13 +224,19 @@ def test_every_task_kind_trains_an_adapter_that_loads_back_to_its_recorded_score
 
 @pytest.mark.slow
 def test_a_lora_run_resumes_exactly(tmp_path, base_dir):
-    train = FinetuneTrainConfig(lr=1e-2, batch_size=16, max_steps=4, checkpoint_every=2, progress=False)
-    finetune(lora_config(tmp_path, base_dir, "multiple_choice"), train)
+    train = training(lr=1e-2, batch_size=16, max_steps=4, checkpoint_every=2)
+    finetune(lora_config(tmp_path, base_dir, "multiple_choice", training=train))
     # Stopped after 2 updates and resumed: the same adapter as the run straight through.
     resumed_dir = tmp_path / "resumed"
-    stopped = lora_config(tmp_path, base_dir, "multiple_choice", out=str(resumed_dir))
-    finetune(stopped, dataclasses.replace(train, max_steps=2))
-    finetune(dataclasses.replace(stopped, resume=True), train)
+    stopped = lora_config(tmp_path, base_dir, "multiple_choice", out=str(resumed_dir), training=train)
+    finetune(dataclasses.replace(stopped, training=dataclasses.replace(train, max_steps=2)))
+    # A run directory written before FinetuneConfig nested its training settings recorded
+    # group_by_length among them: --resume reads the checkpoint, never run_config.json's settings.
+    recorded = json.loads((resumed_dir / "run_config.json").read_text())
+    recorded["train"]["group_by_length"] = recorded["finetune"].pop("group_by_length")
+    (resumed_dir / "run_config.json").write_text(json.dumps(recorded))
+    finetune(dataclasses.replace(stopped, resume=True))
+    assert "group_by_length" in json.loads((resumed_dir / "run_config.json").read_text())["finetune"]
     straight_last, resumed_last = RunDir(tmp_path / "run").checkpoint(4), RunDir(resumed_dir).checkpoint(4)
     assert not (straight_last / "model.safetensors").exists()  # checkpoints hold the adapter alone too
     for name in ("adapter_model.safetensors", "special_tokens.safetensors", "task_head.safetensors"):

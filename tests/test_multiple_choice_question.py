@@ -3,6 +3,8 @@ document-first truncation, the user-file readers, and a fine-tuning run that pre
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -18,7 +20,8 @@ from gptkit.data.tasks import (
 )
 from gptkit.evaluate.finetuned import predict
 from gptkit.model.task import TaskModel
-from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig, finetune
+from gptkit.train.finetune import FinetuneConfig, finetune, paper_finetuning
+from gptkit.train.run import ModelShape
 
 SPECIALS = {"_start_": 100, "_delimiter_": 101, "_classify_": 102}
 S, D, E = 100, 101, 102
@@ -145,13 +148,15 @@ def test_finetune_and_predict_with_a_question(tmp_path, data_dir):
         dev=str(tmp_path / "dev.csv"),
         columns=COLUMNS,
         tokenizer=str(data_dir / "gpt2_bpe"),
-        preset="tiny",
-        d_model=32,
+        model=ModelShape(preset="tiny", d_model=32),
         out=str(tmp_path / "run"),
         epochs=1,
         lm_coef=0.0,  # the LM loss over a 50k vocabulary would be most of the run's time
+        training=dataclasses.replace(
+            paper_finetuning(), lr=1e-3, batch_size=8, precision="fp32", progress=False
+        ),
     )
-    results = finetune(config, FinetuneTrainConfig(lr=1e-3, batch_size=8, precision="fp32", progress=False))
+    results = finetune(config)
     assert results["examples"] == {"train": 16, "dev": 8}
 
     dev = read_table(tmp_path / "dev.csv", "multiple_choice", parse_columns(COLUMNS))

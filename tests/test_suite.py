@@ -21,10 +21,10 @@ from gptkit.paper.figures import TransferConfig, ZeroshotCurveConfig, transfer_c
 from gptkit.paper.scores import TABLE5, TABLE5_AVERAGE, TABLE5_TASKS, TASKS
 from gptkit.paper.suite import SuiteConfig, run_suite
 from gptkit.tokenizer import Tokenizer, train_bpe
-from gptkit.train.finetune import FinetuneTrainConfig
+from gptkit.train.finetune import FinetuneConfig, LoRAConfig, paper_finetuning
 from gptkit.train.run import ModelShape, build_model
 
-TRAIN = FinetuneTrainConfig(batch_size=8, lr=1e-3, progress=False)
+TRAIN = dataclasses.replace(paper_finetuning(), batch_size=8, lr=1e-3, progress=False)
 SEED = f"seed-{TRAIN.seed}"  # the directory of a suite's first (with --seeds 1, only) seed
 
 
@@ -59,23 +59,31 @@ def pretrained(tmp_path_factory, data_dir) -> Path:
     return directory
 
 
-def _config(pretrained: Path, data_dir: Path, out: Path, **overrides) -> SuiteConfig:
+def _finetune(pretrained: Path, data_dir: Path, **overrides) -> FinetuneConfig:
+    """The template a test's suite or curve fine-tunes every task from: a small CPU slice."""
     values = dict(
-        init=str(pretrained),
+        model=ModelShape(init=str(pretrained)),
         data_dir=str(data_dir),
-        out=str(out),
         max_train_examples=24,
         max_eval_examples=16,
         epochs=1,
         device="cpu",
+        training=TRAIN,
     )
-    return SuiteConfig(**{**values, **overrides})
+    return FinetuneConfig(**{**values, **overrides})
+
+
+def _config(
+    pretrained: Path, data_dir: Path, out: Path, suite: dict | None = None, **overrides
+) -> SuiteConfig:
+    """A suite of ``suite``'s settings (tasks, variants, seeds) fine-tuning from the template."""
+    return SuiteConfig(finetune=_finetune(pretrained, data_dir, **overrides), out=str(out), **(suite or {}))
 
 
 def test_suite_scores_baselines_reports_and_resumes(pretrained, data_dir, tmp_path, monkeypatch):
     out = tmp_path / "suite"
-    config = _config(pretrained, data_dir, out, tasks=["rte", "story_cloze", "stsb"])
-    results = run_suite(config, TRAIN)["full"]
+    config = _config(pretrained, data_dir, out, {"tasks": ["rte", "story_cloze", "stsb"]})
+    results = run_suite(config)["full"]
 
     # RTE: our score is what the separate evaluation path computes for the kept model; the
     # baseline is the training slice's majority label, scored by hand on the same dev rows.
@@ -108,22 +116,22 @@ def test_suite_scores_baselines_reports_and_resumes(pretrained, data_dir, tmp_pa
         raise AssertionError("a finished task was run again")
 
     monkeypatch.setattr(suite_module, "finetune", fail)
-    assert run_suite(config, TRAIN)["full"]["rte"] == rte
+    assert run_suite(config)["full"]["rte"] == rte
     monkeypatch.undo()
     # ... and one killed after its checkpoint continues from it (here: nothing left to train).
     (out / "full" / "rte" / SEED / "result.json").unlink()
     calls = []
     real = suite_module.finetune
-    monkeypatch.setattr(suite_module, "finetune", lambda c, t: calls.append(c.resume) or real(c, t))
-    assert run_suite(config, TRAIN)["full"]["rte"]["evaluations"] == rte["evaluations"]
+    monkeypatch.setattr(suite_module, "finetune", lambda c: calls.append(c.resume) or real(c))
+    assert run_suite(config)["full"]["rte"]["evaluations"] == rte["evaluations"]
     assert calls == [True]
     # Other settings in the same directory would mix results: refused, naming the field.
     with pytest.raises(ValueError, match=r"suite.epochs: 1 → 2"):
-        run_suite(_config(pretrained, data_dir, out, tasks=["rte"], epochs=2), TRAIN)
+        run_suite(_config(pretrained, data_dir, out, {"tasks": ["rte"]}, epochs=2))
     # Every torchrun rank would rewrite the same task directories.
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="without torchrun"):
-        run_suite(config, TRAIN)
+        run_suite(config)
 
 
 def test_ablations_and_missing_data(pretrained, data_dir, tmp_path, monkeypatch):
@@ -138,11 +146,10 @@ def test_ablations_and_missing_data(pretrained, data_dir, tmp_path, monkeypatch)
         pretrained,
         data,
         out,
-        tasks=["rte", "mrpc"],
-        variants=["full", "no_aux_lm", "no_pretraining"],
-        lora_rank=2,
+        {"tasks": ["rte", "mrpc"], "variants": ["full", "no_aux_lm", "no_pretraining"]},
+        lora=LoRAConfig(rank=2),
     )
-    results = run_suite(config, TRAIN)
+    results = run_suite(config)
     assert results["full"]["mrpc"]["status"] == "missing data"
     assert "gptkit data fetch mrpc" in results["full"]["mrpc"]["advice"]
     runs = {
@@ -187,12 +194,12 @@ def test_seeds_each_run_apart_and_the_difference_counts_their_spread(
     predictions."""
     monkeypatch.setattr(suite_module, "FEW_EXAMPLES", 10)
     out = tmp_path / "suite"
-    config = _config(pretrained, data_dir, out, tasks=["rte"], variants=["full", "no_pretraining"])
-    run_suite(config, TRAIN)
+    config = _config(pretrained, data_dir, out, {"tasks": ["rte"], "variants": ["full", "no_pretraining"]})
+    run_suite(config)
     calls = []
     real = suite_module.finetune
-    monkeypatch.setattr(suite_module, "finetune", lambda c, t: calls.append(t.seed) or real(c, t))
-    results = run_suite(dataclasses.replace(config, seeds=2), TRAIN)
+    monkeypatch.setattr(suite_module, "finetune", lambda c: calls.append(c.training.seed) or real(c))
+    results = run_suite(dataclasses.replace(config, seeds=2))
     seeds = [TRAIN.seed, TRAIN.seed + 1]
     assert calls == [seeds[1], seeds[1]]  # the first seed of each variant had finished
 
@@ -248,17 +255,12 @@ def test_random_init_keeps_the_shape_not_the_weights(pretrained):
 
 def test_figure2_transfer_layers(pretrained, data_dir, tmp_path):
     config = TransferConfig(
-        init=str(pretrained),
+        finetune=_finetune(pretrained, data_dir, max_train_examples=16),
         task="rte",
         layers=[0, 2],
-        data_dir=str(data_dir),
         out=str(tmp_path / "layers"),
-        max_train_examples=16,
-        max_eval_examples=16,
-        epochs=1,
-        device="cpu",
     )
-    report = transfer_curve(config, TRAIN)
+    report = transfer_curve(config)
     assert [p["layers"] for p in report["points"]] == [0, 2] and report["n_layer"] == 2
     kept = [
         json.loads((tmp_path / "layers" / f"layers-{k:02d}" / SEED / "run_config.json").read_text())[
@@ -279,10 +281,15 @@ def test_figure2_transfer_layers(pretrained, data_dir, tmp_path):
     assert f"| 2 | 1 | {point['score']:.1f} ± {point['stderr']:.1f} |" in table
     assert "one seed the error counts the examples only" in table
     with pytest.raises(ValueError, match=r"layers.epochs: 1 → 2"):  # the same --out, other settings
-        transfer_curve(dataclasses.replace(config, epochs=2), TRAIN)
+        transfer_curve(dataclasses.replace(config, finetune=dataclasses.replace(config.finetune, epochs=2)))
     with pytest.raises(ValueError, match=r"outside 0..2"):
         transfer_curve(
-            TransferConfig(init=str(pretrained), task="rte", layers=[3], out=str(tmp_path / "x")), TRAIN
+            TransferConfig(
+                finetune=FinetuneConfig(model=ModelShape(init=str(pretrained)), training=TRAIN),
+                task="rte",
+                layers=[3],
+                out=str(tmp_path / "x"),
+            )
         )
 
 
@@ -334,7 +341,7 @@ def test_the_suite_holds_its_directory_while_each_task_holds_its_own(tmp_path, m
     out = tmp_path / "suite"
     ran = []
 
-    def run_task(task, variant, config, train, out_dir):
+    def run_task(task, variant, template, out_dir):
         with pytest.raises(
             DirectoryBusy, match=rf"is being written by `gptkit suite` \(pid {os.getpid()} on "
         ):
@@ -352,6 +359,45 @@ def test_the_suite_holds_its_directory_while_each_task_holds_its_own(tmp_path, m
 
     monkeypatch.setattr(suite_module, "run_task", run_task)
     (tmp_path / "model").mkdir()  # the suite checks that its model is there before it starts
-    run_suite(SuiteConfig(init=str(tmp_path / "model"), out=str(out), tasks=["rte", "mrpc"]), TRAIN)
+    template = FinetuneConfig(model=ModelShape(init=str(tmp_path / "model")), training=TRAIN)
+    run_suite(SuiteConfig(finetune=template, out=str(out), tasks=["rte", "mrpc"]))
     assert ran == [out / "full" / "rte" / SEED, out / "full" / "mrpc" / SEED]
     assert (out / ".lock").read_text() == ""  # released: the next suite starts without a word
+
+
+def test_settings_files_keep_the_layout_earlier_versions_wrote():
+    """suite.json and the transfer curve's settings, for the defaults, as gptkit wrote them before
+    the suite and the curve nested their fine-tuning settings (copied from a file that version
+    wrote): a directory an earlier version started continues."""
+    from gptkit.paper.figures import curve_settings
+    from gptkit.paper.suite import _settings
+
+    train = {
+        "max_steps": None, "batch_size": 32, "micro_batch_size": None, "lr": 6.25e-05,
+        "warmup_steps": None, "schedule": "linear", "optimizer": "adamw", "adamw_lr_scale": 1.0,
+        "weight_decay": 0.01, "beta1": 0.9, "beta2": 0.999, "eps": 1e-08, "grad_clip": 1.0,
+        "precision": "auto", "time_budget": None, "compile": False, "eval_every": None,
+        "checkpoint_every": None, "seed": 1337, "on_nonfinite": "stop", "fsdp": False, "log_to": [],
+        "group_by_length": True,
+    }  # fmt: skip
+    suite = {
+        "init": "m", "data_dir": "data", "tokenizer": None, "max_train_examples": None,
+        "max_eval_examples": None, "epochs": 3, "lm_coef": 0.5, "transfer_layers": None,
+        "max_length": None, "lora_rank": None, "lora_alpha": None,
+        "lora_targets": ["c_attn", "c_proj", "c_fc"],
+    }  # fmt: skip
+    template = FinetuneConfig(model=ModelShape(init="m"))
+    assert json.loads(json.dumps(_settings(SuiteConfig(finetune=template)))) == {
+        "suite": suite,
+        "train": train,
+        "layout": {"runs": "<variant>/<task>/seed-<seed>"},
+    }
+    layers = {
+        "init": "m", "task": "mnli", "data_dir": "data", "tokenizer": None, "max_train_examples": None,
+        "max_eval_examples": None, "epochs": 3,
+    }  # fmt: skip
+    assert json.loads(json.dumps(curve_settings(TransferConfig(finetune=template)))) == {
+        "layers": layers,
+        "train": train,
+        "layout": {"runs": "layers-<k>/seed-<seed>"},
+    }

@@ -13,6 +13,7 @@ from gptkit.data.prepare import prepare
 from gptkit.tokenizer import Tokenizer, train_bpe
 from gptkit.train.config import TrainConfig
 from gptkit.train.pretrain import PretrainConfig, pretrain
+from gptkit.train.run import ModelShape
 
 transformers = pytest.importorskip("transformers")
 
@@ -196,9 +197,12 @@ def test_transformers_loads_a_pretraining_run_directory_whole(data_dir, tmp_path
     )
     wide_model(tokenizer, "post").save_pretrained(tmp_path / "init")  # GPT-1's layout, GPT-2's vocabulary
     run = tmp_path / "run"
-    shape = PretrainConfig(
-        data=str(tmp_path / "data"), out=str(run), init=str(tmp_path / "init"), dropout=0.0
-    )
     steps = dict(max_steps=2, batch_size=2, warmup_steps=1, eval_every=2, checkpoint_every=2, log_every=1)
-    pretrain(shape, TrainConfig(**steps, lr=1e-4, progress=False, precision="fp32"))
+    config = PretrainConfig(
+        data=str(tmp_path / "data"),
+        model=ModelShape(init=str(tmp_path / "init"), dropout=0.0),
+        out=str(run),
+        training=TrainConfig(**steps, lr=1e-4, progress=False, precision="fp32"),
+    )
+    pretrain(config)
     assert_transformers_continues_as_gptkit(run, GPT.from_pretrained(run), Tokenizer.from_pretrained(run))

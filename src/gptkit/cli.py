@@ -52,13 +52,25 @@ def _default(f: dataclasses.Field) -> Any:
     return f.default
 
 
-def _help(f: dataclasses.Field, default: Any) -> str:
+def _help(text: str, default: Any) -> str:
     # argparse %-formats help strings: a literal % must be doubled.
-    text = f.metadata.get("help", "").replace("%", "%%")
-    if "(default" in text or default is dataclasses.MISSING:
+    text = text.replace("%", "%%")
+    if "(default" in text or "(required)" in text or default is dataclasses.MISSING:
         return text
     shown = "none" if default is None or default == () or default == [] else default
     return f"{text} (default: {shown})"
+
+
+def _nested_view(
+    f: dataclasses.Field, only: set[str] | None, helps: dict[str, str]
+) -> tuple[set[str] | None, dict[str, str]]:
+    """Which flags the nested config of field ``f`` shows, and their help texts: a command that
+    names the field (or shows every flag) leaves the choice to the field's own ``flags`` metadata
+    (None: all); the containing command's ``field_help`` wins over the field's."""
+    if only is None or f.name in only:
+        own = f.metadata.get("flags")
+        only = None if own is None else set(own)
+    return only, {**f.metadata.get("field_help", {}), **helps}
 
 
 class _DeprecatedFlag(argparse.Action):
@@ -74,33 +86,63 @@ class _DeprecatedFlag(argparse.Action):
         setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
 
 
-def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, defaults: Any = None) -> None:
+def add_dataclass_arguments(
+    parser: argparse.ArgumentParser,
+    cls,
+    defaults: Any = None,
+    *,
+    only: set[str] | None = None,
+    helps: dict[str, str] | None = None,
+    prefix: str = "",
+    config_file: bool = False,
+    description: str | None = None,
+) -> None:
     """One flag per field of ``cls`` (positional where the field's metadata says so), its default
     taken from the ``defaults`` instance when one is given. A field that is itself a config
-    (``ServeConfig.limits``, ``GenerateConfig.sampling``) contributes its fields' flags, with the
-    defaults of the field's default instance. A field's metadata may say more: ``cli=False``, no flag;
-    ``deprecated``, old flags that still set it, hidden, with a warning; ``deprecated_switches``,
-    old flags without a value that set it to one (``--greedy``: ``--temperature 0``);
-    ``replaced_by``, the field is itself an old flag, shown, that warns when used."""
+    (``FinetuneConfig.training``, ``ServeConfig.limits``) contributes its fields' flags under their
+    own names (after the nested class's ``flag_prefix``: LoRAConfig.rank is ``--lora-rank``), with the
+    defaults of the field's default instance: the command's defaults, which may differ from the nested
+    class's own. The nesting field's metadata may narrow and reword them: ``flags``, the flag names
+    (without dashes) the command shows, a nested field's name showing all of it; ``field_help``, a
+    help text per flag name, in the command's words; ``help``, the group's description.
+
+    A field's metadata may say more: ``cli=False``, no flag; ``deprecated``, old flags that still set
+    it, hidden, with a warning; ``deprecated_switches``, old flags without a value that set it to one
+    (``--greedy``: ``--temperature 0``); ``replaced_by``, the field is itself an old flag, shown, that
+    warns when used. With ``config_file`` (the command takes ``--config FILE``) a required field's
+    flag may be left out, since the file may give it: :func:`dataclass_from_args` checks it."""
     hints = typing.get_type_hints(cls)
-    group = parser.add_argument_group(cls.__name__, (cls.__doc__ or "").split("\n\n")[0])
+    prefix += getattr(cls, "flag_prefix", "")
+    helps = helps or {}
+    group = None
     for f in dataclasses.fields(cls):
         if not f.metadata.get("cli", True):
             continue
         default = _default(f) if defaults is None else getattr(defaults, f.name)
         if dataclasses.is_dataclass(hints[f.name]):
-            add_dataclass_arguments(parser, hints[f.name], defaults=default)
+            nested_only, nested_helps = _nested_view(f, only, helps)
+            add_dataclass_arguments(
+                parser, hints[f.name], defaults=default, only=nested_only, helps=nested_helps,
+                prefix=prefix, config_file=config_file, description=f.metadata.get("help"),
+            )  # fmt: skip
             continue
+        dest = prefix + f.name
+        if only is not None and dest not in only:
+            continue
+        if group is None:  # made at the first flag: a config whose flags are all hidden shows no group
+            text = description or (cls.__doc__ or "").split("\n\n")[0]
+            group = parser.add_argument_group(cls.__name__, text)
         kind, choices, container = _base_type(hints[f.name])
         is_list = container is not None
         required = default is dataclasses.MISSING
-        options: dict[str, Any] = {"help": _help(f, default), "default": None}
+        text = helps.get(dest, f.metadata.get("help", ""))
+        options: dict[str, Any] = {"help": _help(text, default), "default": None}
         if kind is bool:
             options["action"] = argparse.BooleanOptionalAction
         else:
             options.update(type=kind, choices=choices)
             if not choices:
-                options["metavar"] = f.metadata.get("metavar", f.name.upper())
+                options["metavar"] = f.metadata.get("metavar", dest.upper())
             if is_list:
                 options["nargs"] = "+" if required else "*"
                 if f.metadata.get("repeat"):  # --stop A --stop B
@@ -111,46 +153,77 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, defaults: Any 
             options.pop("default")
             if not required:
                 options["nargs"] = "?" if not is_list else "*"
-            group.add_argument(f.name, **options)
+            group.add_argument(dest, **options)
             continue
-        group.add_argument(_flag(f.name), required=required, **options)
+        group.add_argument(_flag(dest), dest=dest, required=required and not config_file, **options)
         for old in f.metadata.get("deprecated", ()):
             hidden = {**options, "help": argparse.SUPPRESS, "action": _DeprecatedFlag}
-            group.add_argument(_flag(old), dest=f.name, new_flag=_flag(f.name), **hidden)
+            group.add_argument(_flag(old), dest=dest, new_flag=_flag(dest), **hidden)
         for old, value in f.metadata.get("deprecated_switches", {}).items():
-            new_flag = f"{_flag(f.name)} {value:g}"
+            new_flag = f"{_flag(dest)} {value:g}"
             group.add_argument(
-                _flag(old), dest=f.name, action=_DeprecatedFlag, nargs=0, const=value, default=None,
+                _flag(old), dest=dest, action=_DeprecatedFlag, nargs=0, const=value, default=None,
                 new_flag=new_flag, help=f"Deprecated spelling of {new_flag}.",
             )  # fmt: skip
 
 
+def flag_names(cls, only: set[str] | None = None, prefix: str = "") -> list[str]:
+    """The flag names (without dashes) that :func:`add_dataclass_arguments` makes for ``cls``: the
+    names a config file may set."""
+    hints = typing.get_type_hints(cls)
+    prefix += getattr(cls, "flag_prefix", "")
+    names: list[str] = []
+    for f in dataclasses.fields(cls):
+        if not f.metadata.get("cli", True):
+            continue
+        if dataclasses.is_dataclass(hints[f.name]):
+            names += flag_names(hints[f.name], _nested_view(f, only, {})[0], prefix)
+        elif only is None or prefix + f.name in only:
+            names.append(prefix + f.name)
+    return names
+
+
 def dataclass_from_args(
-    cls, args: argparse.Namespace, file_values: dict[str, Any] | None = None, defaults: Any = None
+    cls,
+    args: argparse.Namespace,
+    file_values: dict[str, Any] | None = None,
+    defaults: Any = None,
+    *,
+    only: set[str] | None = None,
+    prefix: str = "",
 ):
-    """Defaults (the ``defaults`` instance's values, when given), then values from the config file,
-    then explicit flags. A field that is itself a config is built the same way, from its default
-    instance: the containing config's default for that field, which may differ from the nested
-    class's own defaults."""
+    """Defaults (the ``defaults`` instance's values, when given), then values from the config file
+    (by flag name: :func:`flag_names`), then explicit flags. A field that is itself a config is built
+    the same way, from its default instance: the containing config's default for that field, which
+    may differ from the nested class's own defaults."""
     fields = dataclasses.fields(cls)
     values = {} if defaults is None else {f.name: getattr(defaults, f.name) for f in fields}
-    values.update(file_values or {})
+    file_values = file_values or {}
     hints = typing.get_type_hints(cls)
-    unknown = sorted(set(file_values or {}) - {f.name for f in fields})
-    if unknown:
-        raise SystemExit(f"config file: unknown field(s) for {cls.__name__}: {', '.join(unknown)}")
+    prefix += getattr(cls, "flag_prefix", "")
     for f in fields:
         if not f.metadata.get("cli", True):
             continue
         if dataclasses.is_dataclass(hints[f.name]):
             start = values.get(f.name, _default(f))
             values[f.name] = dataclass_from_args(
-                hints[f.name], args, defaults=None if start is dataclasses.MISSING else start
-            )
+                hints[f.name], args, file_values, defaults=None if start is dataclasses.MISSING else start,
+                only=_nested_view(f, only, {})[0], prefix=prefix,
+            )  # fmt: skip
             continue
-        value = getattr(args, f.name, None)
+        dest = prefix + f.name
+        if only is not None and dest not in only:
+            continue
+        value = getattr(args, dest, None)
+        value = file_values.get(dest) if value is None else value
         if value is not None:
             values[f.name] = tuple(value) if _base_type(hints[f.name])[2] is tuple else value
+        elif f.name not in values and _default(f) is dataclasses.MISSING:
+            # Only a command with --config FILE gets here: its parser lets the flag be left out.
+            flag = _flag(dest)
+            raise ValueError(
+                f"{cls.__name__}.{f.name} ({flag}): is required: give {flag}, or {dest} in --config FILE"
+            )
     return cls(**values)
 
 
@@ -176,17 +249,38 @@ def read_config_file(path: str | None) -> dict[str, Any]:
     return data
 
 
-def _split_file_values(data: dict[str, Any], *classes) -> list[dict[str, Any]]:
-    """Route flat or sectioned ({"train": {...}}) config-file values to each dataclass."""
-    flat = {}
+def _prefixes(cls) -> dict[str, str]:
+    """The flag prefix of each nested config field of ``cls`` that has one ({"lora": "lora_"})."""
+    hints = typing.get_type_hints(cls)
+    prefixes: dict[str, str] = {}
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            if getattr(hints[f.name], "flag_prefix", ""):
+                prefixes[f.name] = hints[f.name].flag_prefix
+            prefixes.update(_prefixes(hints[f.name]))
+    return prefixes
+
+
+def _flatten(data: dict[str, Any], prefixes: dict[str, str], prefix: str = "") -> dict[str, Any]:
+    """A config file's values by flag name: sections ({"train": {...}}) and nested configs
+    ({"model": {...}}, {"lora": {"rank": 4}} as ``dataclasses.asdict`` writes them) opened, at any
+    depth, a nested config's keys given its flag prefix (``lora_rank``) unless they carry it."""
+    flat: dict[str, Any] = {}
     for key, value in data.items():
         if isinstance(value, dict):
-            flat.update(value)
+            flat.update(_flatten(value, prefixes, prefix + prefixes.get(key, "")))
         else:
-            flat[key] = value
+            flat[key if key.startswith(prefix) else prefix + key] = value
+    return flat
+
+
+def _split_file_values(data: dict[str, Any], *classes) -> list[dict[str, Any]]:
+    """Route flat or sectioned ({"train": {...}}) config-file values to each dataclass, by the flag
+    names it makes."""
+    flat = _flatten(data, {k: v for cls in classes for k, v in _prefixes(cls).items()})
     out, claimed = [], set()
     for cls in classes:
-        names = {f.name for f in dataclasses.fields(cls)}
+        names = set(flag_names(cls))
         out.append({k: v for k, v in flat.items() if k in names})
         claimed |= names
     unknown = sorted(set(flat) - claimed)
@@ -233,17 +327,17 @@ def cmd_prepare(config) -> None:
     print(f"wrote {config.out}: {counts['train']:,} training and {counts['val']:,} validation tokens")
 
 
-def cmd_pretrain(config, train) -> None:
+def cmd_pretrain(config) -> None:
     from gptkit.train.pretrain import pretrain
 
-    metrics = pretrain(config, train)
+    metrics = pretrain(config)
     print(json.dumps({"out": config.out, **metrics}))
 
 
-def cmd_finetune(config, train) -> None:
+def cmd_finetune(config) -> None:
     from gptkit.train.finetune import finetune
 
-    print(json.dumps(finetune(config, train)))
+    print(json.dumps(finetune(config)))
 
 
 def cmd_evaluate(config) -> None:
@@ -307,17 +401,17 @@ def cmd_export(config) -> None:
     print(f"wrote {path} ({config.resolved_format()}, {config.dtype}, {path.stat().st_size:,} bytes)")
 
 
-def cmd_suite(config, train) -> None:
+def cmd_suite(config) -> None:
     from gptkit.paper.suite import run_suite
 
-    run_suite(config, train)
+    run_suite(config)
     print(f"\nresults: {Path(config.out) / 'results.md'} and results.json")
 
 
-def cmd_figure2_layers(config, train) -> None:
+def cmd_figure2_layers(config) -> None:
     from gptkit.paper.figures import transfer_curve
 
-    transfer_curve(config, train)
+    transfer_curve(config)
     print(f"wrote {config.out}/layers.json, layers.md, layers.png")
 
 
@@ -376,8 +470,7 @@ def _commands() -> list[Command]:
     from gptkit.serve.config import ServeConfig
     from gptkit.tokenizer.base import TokenizeConfig
     from gptkit.tokenizer.train import TokenizerTrainConfig
-    from gptkit.train.config import TrainConfig
-    from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig
+    from gptkit.train.finetune import FinetuneConfig
     from gptkit.train.pretrain import PretrainConfig
 
     return [
@@ -389,14 +482,14 @@ def _commands() -> list[Command]:
         Command("prepare", (PrepareConfig,), cmd_prepare),
         Command(
             "pretrain",
-            (PretrainConfig, TrainConfig),
+            (PretrainConfig,),
             cmd_pretrain,
             config_file=True,
             summary="Pre-train a GPT (L1) on prepared token shards.",
         ),
         Command(
             "finetune",
-            (FinetuneConfig, FinetuneTrainConfig),
+            (FinetuneConfig,),
             cmd_finetune,
             config_file=True,
             summary="Fine-tune on a labelled task (L3 = L2 + λ·L1), with the paper's defaults.",
@@ -411,14 +504,12 @@ def _commands() -> list[Command]:
         Command("analyze tradeoff", (TradeoffConfig,), cmd_tradeoff),
         Command(
             "suite",
-            (SuiteConfig, FinetuneTrainConfig),
+            (SuiteConfig,),
             cmd_suite,
             config_file=True,
             summary="Fine-tune on the paper's twelve tasks; results beside Tables 2-5.",
         ),
-        Command(
-            "figure2 layers", (TransferConfig, FinetuneTrainConfig), cmd_figure2_layers, config_file=True
-        ),
+        Command("figure2 layers", (TransferConfig,), cmd_figure2_layers, config_file=True),
         Command("figure2 zeroshot", (ZeroshotCurveConfig,), cmd_figure2_zeroshot),
         Command("data fetch", (FetchConfig,), cmd_data_fetch),
         Command("demo", (DemoConfig,), cmd_demo),
@@ -453,7 +544,7 @@ def build_parser() -> argparse.ArgumentParser:
         if command.config_file:
             p.add_argument("--config", help="YAML or JSON file of the fields below; flags override it.")
         for cls in command.configs:
-            add_dataclass_arguments(p, cls)
+            add_dataclass_arguments(p, cls, config_file=command.config_file)
         p.set_defaults(command_spec=command)
     return parser
 

@@ -12,10 +12,31 @@ from typing import Any, Literal
 IGNORE_INDEX = -100
 
 
+def flag_name(config: object, name: str) -> str:
+    """The command-line flag of field ``name``: ``--name``, after the class's ``flag_prefix`` when it
+    has one (LoRAConfig.rank is ``--lora-rank``)."""
+    return "--" + (getattr(config, "flag_prefix", "") + name).replace("_", "-")
+
+
 def config_error(config: object, name: str, problem: str) -> ValueError:
     """The error of a config field that fails its check: it names the field, its flag, and what to
     change, e.g. ``TrainConfig.lr (--lr): must be > 0, got 0``."""
-    return ValueError(f"{type(config).__name__}.{name} (--{name.replace('_', '-')}): {problem}")
+    return ValueError(f"{type(config).__name__}.{name} ({flag_name(config, name)}): {problem}")
+
+
+def flat_fields(config: object) -> dict[str, Any]:
+    """A config's values by flag name without the dashes: a nested config's fields at the top level,
+    after its ``flag_prefix`` (FinetuneConfig's ``lora.rank`` is ``lora_rank``), as the command line
+    and the records of a run directory spell them."""
+    values: dict[str, Any] = {}
+    prefix = getattr(config, "flag_prefix", "")
+    for f in dataclasses.fields(config):  # type: ignore[arg-type]
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            values.update({prefix + k: v for k, v in flat_fields(value).items()})
+        else:
+            values[prefix + f.name] = value
+    return values
 
 
 def check_choices(config: object) -> None:

@@ -29,6 +29,7 @@ demo's shape, vocabulary, learning rate and schedule are chosen for that budget
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import time
@@ -40,6 +41,7 @@ from typing import Literal
 import numpy as np
 
 from gptkit import hub
+from gptkit.config import check_choices
 from gptkit.data.metrics import paired_difference
 from gptkit.data.prepare import prepare
 from gptkit.data.registry import DATASETS, read_dataset
@@ -51,9 +53,10 @@ from gptkit.hardware import DEVICE_HELP, Precision, resolve_device, resolve_prec
 from gptkit.io import write_json
 from gptkit.model.task import TaskModel
 from gptkit.tokenizer import train_bpe
-from gptkit.train.config import TrainConfig, parse_duration
-from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig, finetune
+from gptkit.train.config import OptimizerName, Schedule, TrainConfig, parse_duration
+from gptkit.train.finetune import FinetuneConfig, finetune, paper_finetuning
 from gptkit.train.pretrain import PretrainConfig, pretrain
+from gptkit.train.run import ModelShape
 from gptkit.train.rundir import RunDir
 
 MARKER = ".gptkit-demo"
@@ -74,13 +77,16 @@ class PretrainRecipe:
     context_length: int
     batch_size: int
     lr: float
-    schedule: str
-    optimizer: str
+    schedule: Schedule
+    optimizer: OptimizerName
     dropout: float | None  # None: the preset's 0.1
     adamw_lr_scale: float = 1.0  # with Muon: AdamW's rate (embeddings, biases, gains) as a share of lr
     weight_decay: float = 0.01  # decoupled, on matrices and embeddings (the paper's 0.01 by default)
     warmup_steps: int | None = None
     eval_every: int | None = None  # None: only at the end
+
+    def __post_init__(self) -> None:
+        check_choices(self)  # schedule, optimizer: TrainConfig's own Literal types
 
     def configs(
         self,
@@ -91,19 +97,15 @@ class PretrainRecipe:
         precision: str = "auto",
         device: str = "auto",
         progress: bool = True,
-    ) -> tuple[PretrainConfig, TrainConfig]:
-        """The pre-training command's two configs for this recipe."""
-        model = PretrainConfig(
-            data=str(shards),
-            out=str(out),
+    ) -> PretrainConfig:
+        """The pre-training command's config for this recipe."""
+        model = ModelShape(
             preset=DEMO_PRESET,
             context_length=self.context_length,
             n_layer=self.n_layer,
             n_head=self.n_head,
             d_model=self.d_model,
             dropout=self.dropout,
-            eval_windows=64,
-            device=device,
         )
         train = TrainConfig(
             max_steps=max_steps,
@@ -121,7 +123,9 @@ class PretrainRecipe:
             log_every=5,
             progress=progress,
         )
-        return model, train
+        return PretrainConfig(
+            data=str(shards), model=model, out=str(out), eval_windows=64, device=device, training=train
+        )
 
 
 RECIPES = {
@@ -247,22 +251,26 @@ def compare_inits(
     for init in ("pretrained", "from_scratch"):
         run = out / f"{name}-{init}"
         config = FinetuneConfig(
+            # dropout 0.1, the paper's, for both: pre-training may have run without dropout
+            model=ModelShape(init=str(pretrained), random_init=init == "from_scratch", dropout=0.1),
             dataset=task.dataset,
             data_dir=str(data),
-            init=str(pretrained),
-            random_init=init == "from_scratch",
-            dropout=0.1,  # the paper's, for both: pre-training may have run without dropout
             out=str(run),
             epochs=task.epochs,
             max_train_examples=QUICK_TASK_EXAMPLES["train"] if quick else None,  # None: all
             max_eval_examples=QUICK_TASK_EXAMPLES["dev"] if quick else None,
             device=device,
+            # Evaluated once, at the end: the reported model is the last one, never picked by a score.
+            training=dataclasses.replace(
+                paper_finetuning(),
+                lr=task.lr,
+                batch_size=task.batch_size,
+                precision=precision,
+                eval_every=10**9,
+                progress=True,
+            ),
         )
-        # Evaluated once, at the end: the reported model is the last one, never picked by a score.
-        train = FinetuneTrainConfig(
-            lr=task.lr, batch_size=task.batch_size, precision=precision, eval_every=10**9, progress=True
-        )
-        finetune(config, train)
+        finetune(config)
         correct[init] = correct_per_example(run, report, device=device)
         # Each example's outcome, kept: the paired comparison can be recomputed from these files.
         write_json(run / "report_correct.json", {"split": task.report_split, "correct": correct[init]})
@@ -346,28 +354,27 @@ def compare_published(
     updates = None
     for side in ("pretrained", "from_scratch"):
         run = out / f"{name}-{side}"
+        budget = None if quick or updates is not None else f"{seconds * TRAIN_SHARE:.0f}s"
         config = FinetuneConfig(
+            model=ModelShape(init=init, random_init=side == "from_scratch", dropout=0.1),
             dataset=task.dataset,
             data_dir=str(data),
-            init=init,
-            random_init=side == "from_scratch",
-            dropout=0.1,
             out=str(run),
             epochs=1,  # an upper bound: the budget's plan ends the run within the first epoch
             max_train_examples=QUICK_TASK_EXAMPLES["train"] if quick else None,
             max_eval_examples=QUICK_TASK_EXAMPLES["dev"] if quick else SCORE_CHUNK,  # scored below
             device=device,
+            training=dataclasses.replace(
+                paper_finetuning(),
+                batch_size=PUBLISHED_BATCH_SIZE,
+                precision=precision,
+                eval_every=10**9,
+                progress=True,
+                time_budget=budget,
+                max_steps=updates,
+            ),
         )
-        budget = None if quick or updates is not None else f"{seconds * TRAIN_SHARE:.0f}s"
-        train = FinetuneTrainConfig(
-            batch_size=PUBLISHED_BATCH_SIZE,
-            precision=precision,
-            eval_every=10**9,
-            progress=True,
-            time_budget=budget,
-            max_steps=updates,
-        )
-        finetune(config, train)
+        finetune(config)
         updates = updates or RunDir(run).resolved_max_steps()
         if side == "pretrained":
             limit = QUICK_TASK_EXAMPLES["dev"] if quick else None
@@ -478,7 +485,7 @@ def run_demo(config: DemoConfig) -> dict:
     )
     meta = prepare(out / "tokenizer", corpus, out / "shards", val_fraction=0.02)
     print(f"    corpus: {meta['counts']['train']:,} training tokens, {meta['counts']['val']:,} held out")
-    pre, train = shape.configs(
+    pre = shape.configs(
         out / "shards",
         out / "pretrain",
         budget,
@@ -486,7 +493,7 @@ def run_demo(config: DemoConfig) -> dict:
         config.precision,
         config.device,
     )
-    pre_metrics = pretrain(pre, train)
+    pre_metrics = pretrain(pre)
     steps_run = RunDir(out / "pretrain").resolved_max_steps()
     print(
         f"    validation loss {pre_metrics['val_loss']:.3f} (perplexity {pre_metrics['val_ppl']:.1f}) "

@@ -18,6 +18,7 @@ from typing import Literal
 import torch
 
 from gptkit import hub
+from gptkit.config import config_error
 from gptkit.data.metrics import seed_paired_difference
 from gptkit.evaluate.zeroshot import ZEROSHOT_DATASETS, ZEROSHOT_METRICS, run_checkpoints, zeroshot
 from gptkit.generation import load_for_generation
@@ -27,16 +28,14 @@ from gptkit.model import GPT
 from gptkit.paper.scores import TASKS
 from gptkit.paper.suite import (
     PREDICTIONS_NAME,
-    SuiteConfig,
     check_settings,
-    config_from,
-    finetune_field,
+    recorded_settings,
     run_seeds,
     seed_dir,
     settings_of,
     train_settings,
 )
-from gptkit.train.finetune import FinetuneTrainConfig
+from gptkit.train.finetune import FinetuneConfig
 from gptkit.train.rundir import RunDir
 
 Heuristic = Literal["sentiment", "multiple_choice", "acceptability", "question_answering"]
@@ -80,26 +79,41 @@ def _plot(
 # Left: transferred layers ---------------------------------------------------------------------------
 
 
+# What `gptkit figure2 layers` shows of its fine-tuning template, as flags, and in which words.
+TRANSFER_FLAGS = (
+    "init", "data_dir", "tokenizer", "max_train_examples", "max_eval_examples", "epochs", "device",
+    "group_by_length", "training",
+)  # fmt: skip
+TRANSFER_HELP = {
+    "init": "The pre-trained model: a folder or Hub name (gpt2, openai-gpt, org/name@rev) (required).",
+    "data_dir": "Where the public datasets live.",
+    "max_train_examples": "Train on the first N examples.",
+    "max_eval_examples": "Score the first N examples.",
+}
+# The template's settings that the curve's settings file records (beside the training loop's).
+RECORDED = ("init", "data_dir", "tokenizer", "max_train_examples", "max_eval_examples", "epochs")
+
+
 @dataclass
 class TransferConfig:
     """Figure 2 (left): a task's score against the number of pre-trained blocks transferred."""
 
-    init: str = field(
-        metadata={"help": "The pre-trained model: a folder or Hub name (gpt2, openai-gpt, org/name@rev)."}
+    finetune: FinetuneConfig = field(
+        default_factory=FinetuneConfig,
+        metadata={
+            "help": "How each point is fine-tuned: the pre-trained model (--init, required), the data, "
+            "and the paper's settings; each point sets its own --transfer-layers.",
+            "flags": TRANSFER_FLAGS,
+            "field_help": TRANSFER_HELP,
+        },
     )
     task: str = field(default="mnli", metadata={"help": f"A suite task: {', '.join(TASKS)}."})
     layers: list[int] | None = field(
         default=None, metadata={"help": "Block counts to transfer (default: 0 to the model's layers)."}
     )
-    data_dir: str = finetune_field("data_dir", "Where the public datasets live.")
     out: str = field(
         default="runs/figure2-layers", metadata={"help": "Output directory (continued when rerun)."}
     )
-    tokenizer: str | None = finetune_field("tokenizer")
-    max_train_examples: int | None = finetune_field("max_train_examples", "Train on the first N examples.")
-    max_eval_examples: int | None = finetune_field("max_eval_examples", "Score the first N examples.")
-    epochs: int = finetune_field("epochs")
-    device: str = finetune_field("device")
     seeds: int = field(
         default=1,
         metadata={
@@ -109,47 +123,53 @@ class TransferConfig:
     )
 
     def __post_init__(self) -> None:
+        if not self.finetune.model.init:
+            raise config_error(self, "init", "is required: the pre-trained model whose blocks to transfer")
         if self.seeds <= 0:
-            raise ValueError(f"TransferConfig.seeds (--seeds): must be positive, got {self.seeds}")
+            raise config_error(self, "seeds", f"must be positive, got {self.seeds}")
         if self.task not in TASKS:
-            raise ValueError(
-                f"TransferConfig.task (--task): unknown {self.task!r}; known: {', '.join(TASKS)}"
-            )
+            raise config_error(self, "task", f"unknown {self.task!r}; known: {', '.join(TASKS)}")
 
 
-def transfer_curve(config: TransferConfig, train: FinetuneTrainConfig) -> dict:
+def curve_settings(config: TransferConfig) -> dict:
+    """What makes two runs of the curve comparable, as its settings file records them."""
+    return {
+        "layers": {"task": config.task, **recorded_settings(config.finetune, RECORDED)},
+        "train": train_settings(config.finetune),
+        "layout": {"runs": "layers-<k>/seed-<seed>"},
+    }
+
+
+def transfer_curve(config: TransferConfig) -> dict:
     """Fine-tune with K = each of ``layers`` transferred blocks, ``seeds`` times each (in
     ``out/layers-<K>/seed-<s>``); writes layers.{json,md,png} in ``out``."""
     out = Path(config.out)
-    hub.ensure_available(config.init, config.tokenizer)  # a name that cannot be had leaves no folder
+    template = config.finetune
+    hub.ensure_available(
+        template.model.init, template.tokenizer
+    )  # a name that cannot be had leaves no folder
     with RunDir(out).writer_lock("figure2 layers"):  # one writer of the curve (its tasks lock their own)
-        return _transfer_curve(config, train, out)
+        return _transfer_curve(config, out)
 
 
-def _transfer_curve(config: TransferConfig, train: FinetuneTrainConfig, out: Path) -> dict:
+def _transfer_curve(config: TransferConfig, out: Path) -> dict:
     """:func:`transfer_curve`'s work, while ``out`` is held."""
-    n_layer = GPT.from_pretrained(config.init).config.n_layer
+    template = config.finetune
+    n_layer = GPT.from_pretrained(template.model.init).config.n_layer
     layers = config.layers if config.layers is not None else list(range(n_layer + 1))
     bad = [k for k in layers if not 0 <= k <= n_layer]
     if bad:
         raise ValueError(f"--layers: {bad} outside 0..{n_layer} (the model has {n_layer} blocks)")
     # Which points, how many seeds and where they run are not settings: more block counts and seeds
     # may be added to a curve.
-    check_settings(
-        out,
-        {
-            "layers": settings_of(config, "layers", "out", "device", "seeds"),
-            "train": train_settings(train),
-            "layout": {"runs": "layers-<k>/seed-<seed>"},
-        },
-    )
+    check_settings(out, curve_settings(config))
     task = TASKS[config.task]
     points = []
     for k in layers:
         print(f"\n=== {task.name}: transferring {k} of {n_layer} blocks", flush=True)
-        suite = config_from(SuiteConfig, config, tasks=[task.name], out=str(out), transfer_layers=k)
         directory = out / f"layers-{k:02d}"
-        result = run_seeds(task, "full", suite, train, directory, config.seeds)
+        point = dataclasses.replace(template, transfer_layers=k)
+        result = run_seeds(task, "full", point, directory, config.seeds)
         if result["status"] != "done":
             raise FileNotFoundError(
                 f"{task.name}: missing {', '.join(result['missing'])}; {result['advice']}"

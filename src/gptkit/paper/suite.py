@@ -30,7 +30,7 @@ from typing import Literal
 import torch
 
 from gptkit import hub
-from gptkit.config import config_error
+from gptkit.config import config_error, flat_fields
 from gptkit.data.examples import Example
 from gptkit.data.metrics import seed_paired_difference
 from gptkit.data.registry import DATASETS, read_dataset
@@ -38,7 +38,8 @@ from gptkit.data.tasks import task_metrics
 from gptkit.io import atomic_write, read_json, write_json
 from gptkit.model.task import TaskModel
 from gptkit.paper.scores import TABLE5, TABLE5_AVERAGE, TABLE5_TASKS, TASKS, PaperTask
-from gptkit.train.finetune import FinetuneConfig, FinetuneTrainConfig, finetune, lora_field
+from gptkit.train.config import TrainConfig
+from gptkit.train.finetune import FinetuneConfig, finetune
 from gptkit.train.rundir import RunDir
 
 Variant = Literal["full", "no_aux_lm", "no_pretraining"]
@@ -60,28 +61,42 @@ FEW_EXAMPLES = 100
 EVAL_BATCH = 64
 
 
-def finetune_field(name: str, help: str | None = None):
-    """FinetuneConfig's field ``name`` for a config that passes it on: the same default and help
-    (``help`` says it in the words of that config), never a copy that could drift."""
-    source = FinetuneConfig.__dataclass_fields__[name]
-    metadata = {**source.metadata, **({"help": help} if help else {})}
-    return field(default=source.default, metadata=metadata)
-
-
-def config_from(cls, source: object, **overrides):
-    """A ``cls`` config with every field it shares with ``source`` taken from it, then ``overrides``."""
-    names = {f.name for f in dataclasses.fields(cls)} & {f.name for f in dataclasses.fields(source)}
-    return cls(**{**{name: getattr(source, name) for name in names}, **overrides})
+# What `gptkit suite` shows of its fine-tuning template, as flags, and in which words: the rest of
+# FinetuneConfig is each task's own (its dataset, run directory, variant) or keeps its default.
+SUITE_FLAGS = (
+    "init", "data_dir", "tokenizer", "max_train_examples", "max_eval_examples", "epochs", "lm_coef",
+    "transfer_layers", "max_length", "lora", "device", "group_by_length", "training",
+)  # fmt: skip
+SUITE_HELP = {
+    "init": "The pre-trained model: a pretrain run, a converted release, or a Hub name (gpt2, "
+    "openai-gpt, org/name@rev) (required).",
+    "data_dir": "Where the public datasets live.",
+    "max_train_examples": "Train on the first N examples of each task (a CPU slice).",
+    "max_eval_examples": "Score the first N examples of each evaluation set.",
+    "epochs": "Passes over each task's training data.",
+    "lm_coef": "λ of the variants with the auxiliary LM.",
+}
+# The template's settings that suite.json records (beside the training loop's): two suite runs in one
+# directory must agree on them.
+RECORDED = (
+    "init", "data_dir", "tokenizer", "max_train_examples", "max_eval_examples", "epochs", "lm_coef",
+    "transfer_layers", "max_length", "lora_rank", "lora_alpha", "lora_targets",
+)  # fmt: skip
 
 
 @dataclass
 class SuiteConfig:
     """Fine-tune one pre-trained model on the paper's tasks; results beside the paper's."""
 
-    init: str = field(
+    finetune: FinetuneConfig = field(
+        default_factory=FinetuneConfig,
         metadata={
-            "help": "The pre-trained model: a pretrain run, a converted release, or a Hub name (gpt2, openai-gpt, org/name@rev)."
-        }
+            "help": "How every task is fine-tuned: the pre-trained model (--init, required), the data, "
+            "and the paper's settings (λ = 0.5, lr 6.25e-5, batch 32, 3 epochs, warm-up 0.2%, linear "
+            "decay). Each task sets its own dataset and run directory; the variants set λ and the init.",
+            "flags": SUITE_FLAGS,
+            "field_help": SUITE_HELP,
+        },
     )
     tasks: list[str] = field(
         default_factory=lambda: list(TASKS),
@@ -93,24 +108,7 @@ class SuiteConfig:
             "help": "full; no_aux_lm (λ = 0) and no_pretraining (random init) are Table 5's ablations."
         },
     )
-    data_dir: str = finetune_field("data_dir", "Where the public datasets live.")
     out: str = field(default="runs/suite", metadata={"help": "Suite directory (continued when rerun)."})
-    tokenizer: str | None = finetune_field("tokenizer")
-    max_train_examples: int | None = finetune_field(
-        "max_train_examples", "Train on the first N examples of each task (a CPU slice)."
-    )
-    max_eval_examples: int | None = finetune_field(
-        "max_eval_examples", "Score the first N examples of each evaluation set."
-    )
-    epochs: int = finetune_field("epochs", "Passes over each task's training data.")
-    lm_coef: float = finetune_field("lm_coef", "λ of the variants with the auxiliary LM.")
-    transfer_layers: int | None = finetune_field("transfer_layers")
-    max_length: int | None = finetune_field("max_length")
-    # As fine-tuning's flags: every task through LoRA adapters of rank R.
-    lora_rank: int | None = lora_field("rank")
-    lora_alpha: float | None = lora_field("alpha")
-    lora_targets: list[str] = lora_field("targets")
-    device: str = finetune_field("device")
     seeds: int = field(
         default=1,
         metadata={
@@ -121,16 +119,34 @@ class SuiteConfig:
     )
 
     def __post_init__(self) -> None:
+        if not self.finetune.model.init:
+            raise config_error(self, "init", "is required: the pre-trained model to fine-tune")
         unknown = [t for t in self.tasks if t not in TASKS]
         if unknown:
             raise config_error(self, "tasks", f"unknown {', '.join(unknown)}; known: {', '.join(TASKS)}")
         bad = [v for v in self.variants if v not in VARIANTS]
         if bad:
             raise config_error(self, "variants", f"unknown {', '.join(bad)}; known: {', '.join(VARIANTS)}")
-        for name in ("max_train_examples", "max_eval_examples", "epochs", "seeds"):
-            value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise config_error(self, name, f"must be positive, got {value}")
+        if self.seeds <= 0:
+            raise config_error(self, "seeds", f"must be positive, got {self.seeds}")
+
+
+def variant_config(
+    template: FinetuneConfig, variant: str, dataset: str, out_dir: Path, resume: bool
+) -> FinetuneConfig:
+    """The fine-tuning of ``dataset`` for ``variant``, from the suite's ``template``."""
+    no_pretraining = variant == "no_pretraining"
+    return dataclasses.replace(
+        template,
+        model=dataclasses.replace(template.model, random_init=no_pretraining),
+        tokenizer=template.tokenizer or template.model.init,
+        dataset=dataset,
+        out=str(out_dir),
+        lm_coef=0.0 if variant == "no_aux_lm" else template.lm_coef,
+        resume=resume,
+        # no_pretraining trains every weight of a random model: LoRA adapts pre-trained ones.
+        lora=dataclasses.replace(template.lora, rank=None, alpha=None) if no_pretraining else template.lora,
+    )
 
 
 def missing_files(task: PaperTask, data_dir: str | Path) -> list[str]:
@@ -173,21 +189,20 @@ def seed_dir(out: Path, seed: int) -> Path:
 def run_seeds(
     task: PaperTask,
     variant: str,
-    config: SuiteConfig,
-    train: FinetuneTrainConfig,
+    template: FinetuneConfig,
     out_dir: Path,
     seeds: int,
     after_each: Callable[[dict], None] = lambda summary: None,
 ) -> dict:
-    """Fine-tune and score one task with ``seeds`` seeds from ``train.seed`` on, each in
-    ``out_dir/seed-<s>``; returns :func:`summarise`'s result, and gives it to ``after_each`` after
-    every seed (to keep the reports current)."""
+    """Fine-tune (from ``template``) and score one task with ``seeds`` seeds from the template's
+    ``training.seed`` on, each in ``out_dir/seed-<s>``; returns :func:`summarise`'s result, and gives
+    it to ``after_each`` after every seed (to keep the reports current)."""
     runs: list[dict] = []
-    for seed in range(train.seed, train.seed + seeds):
+    first = template.training.seed
+    for seed in range(first, first + seeds):
         print(f"\n=== {variant}: {task.name}, seed {seed}", flush=True)
-        runs.append(
-            run_task(task, variant, config, dataclasses.replace(train, seed=seed), seed_dir(out_dir, seed))
-        )
+        seeded = dataclasses.replace(template, training=dataclasses.replace(template.training, seed=seed))
+        runs.append(run_task(task, variant, seeded, seed_dir(out_dir, seed)))
         after_each(summarise(runs))
         if runs[-1]["status"] != "done":  # missing data: no seed can run
             break
@@ -213,11 +228,10 @@ def summarise(runs: list[dict]) -> dict:
     }
 
 
-def run_task(
-    task: PaperTask, variant: str, config: SuiteConfig, train: FinetuneTrainConfig, out_dir: Path
-) -> dict:
-    """Fine-tune and score one task with ``train.seed`` in ``out_dir`` (or read its result if it
+def run_task(task: PaperTask, variant: str, template: FinetuneConfig, out_dir: Path) -> dict:
+    """Fine-tune (from ``template``) and score one task in ``out_dir`` (or read its result if it
     finished before)."""
+    config, train = template, template.training
     if (out_dir / RESULT_NAME).exists():
         return read_json(out_dir / RESULT_NAME)
     missing = missing_files(task, config.data_dir)
@@ -237,22 +251,8 @@ def run_task(
     if len(train_examples) < train.batch_size:
         # A sample file smaller than one batch: one batch of all of it, so the task still runs.
         train = dataclasses.replace(train, batch_size=len(train_examples), micro_batch_size=None)
-    finetuned = finetune(
-        config_from(
-            FinetuneConfig,
-            config,
-            random_init=variant == "no_pretraining",
-            tokenizer=config.tokenizer or config.init,
-            dataset=task.train,
-            out=str(out_dir),
-            lm_coef=0.0 if variant == "no_aux_lm" else config.lm_coef,
-            resume=resume,
-            # no_pretraining trains every weight of a random model: LoRA adapts pre-trained ones.
-            lora_rank=None if variant == "no_pretraining" else config.lora_rank,
-            lora_alpha=None if variant == "no_pretraining" else config.lora_alpha,
-        ),
-        train,
-    )
+    config = dataclasses.replace(config, training=train)
+    finetuned = finetune(variant_config(config, variant, task.train, out_dir, resume))
     model = TaskModel.from_pretrained(out_dir, config.device)
     evaluations, predictions = [], []
     for evaluation in task.evaluations:
@@ -298,17 +298,28 @@ def settings_of(config: object, *ignored: str) -> dict:
     return {k: v for k, v in dataclasses.asdict(config).items() if k not in ignored}
 
 
-def train_settings(train: FinetuneTrainConfig) -> dict:
-    """The optimisation settings that change results (a progress bar does not)."""
-    return settings_of(train, "progress", "log_every", "keep_checkpoints")
+def train_settings(template: FinetuneConfig) -> dict:
+    """The optimisation settings that change results (a progress bar does not): the training loop's,
+    and how examples are batched."""
+    train: TrainConfig = template.training
+    return {
+        **settings_of(train, "progress", "log_every", "keep_checkpoints"),
+        "group_by_length": template.group_by_length,
+    }
 
 
-def _settings(config: SuiteConfig, train: FinetuneTrainConfig) -> dict:
+def recorded_settings(template: FinetuneConfig, names: tuple[str, ...] = RECORDED) -> dict:
+    """The template's settings ``names``, by flag name, as a directory's settings file records them."""
+    values = flat_fields(template)
+    return {name: values[name] for name in names}
+
+
+def _settings(config: SuiteConfig) -> dict:
     """What makes two runs of the suite comparable (not which tasks, variants or how many seeds are
     asked for: each seed has its own directory, so a rerun with more adds them)."""
     return {
-        "suite": settings_of(config, "tasks", "variants", "out", "device", "seeds"),
-        "train": train_settings(train),
+        "suite": recorded_settings(config.finetune),
+        "train": train_settings(config.finetune),
         "layout": {"runs": RUN_LAYOUT},
     }
 
@@ -333,18 +344,20 @@ def check_settings(out: Path, settings: dict) -> None:
         )
 
 
-def run_suite(config: SuiteConfig, train: FinetuneTrainConfig) -> dict[str, dict[str, dict]]:
+def run_suite(config: SuiteConfig) -> dict[str, dict[str, dict]]:
     """Every requested variant × task; returns {variant: {task: result}} and writes the reports."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # Every rank would clear, write and report the same task directories: one process runs the
         # suite; a task's own fine-tuning (gptkit finetune) is what takes torchrun.
         raise ValueError("gptkit suite runs in one process: start it without torchrun")
     out = Path(config.out)
-    hub.ensure_available(config.init, config.tokenizer)  # a name that cannot be had leaves no folder
+    hub.ensure_available(
+        config.finetune.model.init, config.finetune.tokenizer
+    )  # a name that cannot be had leaves no folder
     # One suite at a time in a directory: two would clear and rewrite each other's tasks and reports.
     # Each task's fine-tuning holds its own directory's lock too (a different file: no deadlock).
     with RunDir(out).writer_lock("suite"):
-        check_settings(out, _settings(config, train))
+        check_settings(out, _settings(config))
         results: dict[str, dict[str, dict]] = {}
         previous = RunDir(out).results
         if previous.exists():  # tasks run by earlier invocations stay in the report
@@ -357,7 +370,7 @@ def run_suite(config: SuiteConfig, train: FinetuneTrainConfig) -> dict[str, dict
                     write_reports(out, results, config)
 
                 result = run_seeds(
-                    TASKS[name], variant, config, train, out / variant / name, config.seeds, report
+                    TASKS[name], variant, config.finetune, out / variant / name, config.seeds, report
                 )
                 if result["status"] != "done":
                     print(
@@ -377,9 +390,11 @@ def format_markdown(results: dict[str, dict[str, dict]], config: SuiteConfig | N
     """results.md: one table per variant beside the paper's scores, then Table 5 if ablations ran."""
     lines = ["# gptkit suite: GPT-1's fine-tuning results, reproduced", ""]
     if config is not None:
+        template = config.finetune
         lines += [
-            f"Model: `{config.init}`; training examples per task: {config.max_train_examples or 'all'}; "
-            f"evaluation examples: {config.max_eval_examples or 'all'}; epochs: {config.epochs}.",
+            f"Model: `{template.model.init}`; training examples per task: "
+            f"{template.max_train_examples or 'all'}; evaluation examples: "
+            f"{template.max_eval_examples or 'all'}; epochs: {template.epochs}.",
             "",
         ]
     lines += [

@@ -10,6 +10,11 @@ from typing import Literal
 from gptkit.config import check_choices, config_error
 from gptkit.hardware import Precision, canonical_precision
 
+# The learning rate's decay after warm-up, and the optimizers: TrainConfig's, and the recipes' that
+# build one (gptkit.demo).
+Schedule = Literal["cosine", "linear", "wsd", "constant"]
+OptimizerName = Literal["adamw", "muon"]
+
 
 @dataclass
 class TrainConfig:
@@ -35,14 +40,14 @@ class TrainConfig:
             "when training is shorter than 20,000 updates)."
         },
     )
-    schedule: Literal["cosine", "linear", "wsd", "constant"] = field(
+    schedule: Schedule = field(
         default="cosine",
         metadata={
             "help": "Decay after warm-up, to 0 at max_steps (wsd: hold the rate, then decay linearly over "
             "the last 20%)."
         },
     )
-    optimizer: Literal["adamw", "muon"] = field(
+    optimizer: OptimizerName = field(
         default="adamw",
         metadata={
             "help": "adamw (the paper's), or muon: Muon (orthogonalised momentum) for the blocks' matrices, "

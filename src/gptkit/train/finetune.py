@@ -15,7 +15,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar
 
 import torch
 import torch.nn as nn
@@ -65,30 +65,82 @@ WARMUP_FRACTION = 0.002  # the paper's warm-up: 0.2% of training
 MERGED_DIR = "merged"  # where --merge writes a LoRA run's full model, inside the run directory
 
 
-def lora_field(name: str):
-    """The dataclass field of LoRA's ``rank``, ``alpha`` or ``targets``: fine-tuning's, and the suite's."""
-    if name == "targets":
-        return field(
-            default_factory=lambda: list(LORA_TARGETS),
-            metadata={
-                "help": "Projections LoRA adapts: c_attn (q, k, v), c_proj (both outputs), c_fc (MLP in) "
-                "(default: all three)."
-            },
-        )
-    help_text = {
-        "rank": "Train LoRA adapters of rank R on the frozen --init model (with the task head and the "
-        "special tokens' rows) instead of every weight; the run saves the adapter alone (default: "
-        "full fine-tuning).",
-        "alpha": "LoRA's α: updates are scaled by α/R (default: 2 × R).",
-    }[name]
-    return field(default=None, metadata={"help": help_text})
+@dataclass
+class LoRAConfig:
+    """LoRA adapters (Hu et al., 2021) on a frozen pre-trained model instead of full fine-tuning."""
+
+    flag_prefix: ClassVar[str] = "lora_"  # its flags: --lora-rank, --lora-alpha, --lora-targets
+
+    rank: int | None = field(
+        default=None,
+        metadata={
+            "help": "Train LoRA adapters of rank R on the frozen --init model (with the task head and the "
+            "special tokens' rows) instead of every weight; the run saves the adapter alone (default: "
+            "full fine-tuning)."
+        },
+    )
+    alpha: float | None = field(
+        default=None,
+        metadata={"help": "LoRA's α: updates are scaled by α/R (default: 2 × R)."},
+    )
+    targets: list[str] = field(
+        default_factory=lambda: list(LORA_TARGETS),
+        metadata={
+            "help": "Projections LoRA adapts: c_attn (q, k, v), c_proj (both outputs), c_fc (MLP in) "
+            "(default: all three)."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.rank is None:
+            if self.alpha is not None:
+                raise config_error(self, "alpha", "applies to LoRA runs only: give --lora-rank R too")
+            return
+        try:
+            self.settings()
+        except ValueError as e:
+            raise config_error(self, "targets" if "targets" in str(e) else "rank", str(e)) from e
+
+    def settings(self) -> LoRASettings | None:
+        """The adapter to train, or None for full fine-tuning."""
+        if self.rank is None:
+            return None
+        alpha = 2.0 * self.rank if self.alpha is None else self.alpha
+        return LoRASettings(self.rank, alpha, tuple(self.targets))
+
+
+def paper_finetuning() -> TrainConfig:
+    """The training loop's settings for fine-tuning: the paper's (§4.1), lr 6.25e-5, batch 32, linear
+    decay; the step counts, the warm-up (0.2%), evaluations and checkpoints follow the epochs
+    (:func:`finetune` resolves the Nones)."""
+    return TrainConfig(
+        max_steps=None,
+        batch_size=32,
+        lr=6.25e-5,
+        schedule="linear",
+        eval_every=None,
+        checkpoint_every=None,
+    )
+
+
+# Fine-tuning's wording of the training loop's flags whose defaults mean something else here.
+FINETUNING_HELP = {
+    "max_steps": "Optimizer updates to run (default: epochs × updates per epoch).",
+    "batch_size": "Global batch, in examples, per update.",
+    "warmup_steps": "Linear warm-up updates from 0 (default: 0.2% of training).",
+    "schedule": "Decay after warm-up, to 0 at max_steps.",
+    "eval_every": "Evaluate on the dev set every N updates (default: every epoch).",
+    "checkpoint_every": "Checkpoint every N updates (default: every epoch).",
+}
 
 
 @dataclass
-class FinetuneConfig(ModelShape):
-    """What to fine-tune, on which task and data, and where to write it. The model is ``init``'s
-    pre-trained weights, or a preset's shape trained from scratch."""
+class FinetuneConfig:
+    """What to fine-tune, on which task and data, how, and where to write it. The model is
+    ``model.init``'s pre-trained weights, or a preset's shape trained from scratch; ``training``
+    defaults to the paper's fine-tuning settings (:func:`paper_finetuning`), not pre-training's."""
 
+    model: ModelShape = field(default_factory=ModelShape)
     task: str | None = field(
         default=None,
         metadata={
@@ -136,35 +188,40 @@ class FinetuneConfig(ModelShape):
         default=None, metadata={"help": "Evaluate on only the first N dev examples (default: all)."}
     )
     eval_batch_size: int = field(default=64, metadata={"help": "Examples per forward pass at evaluation."})
+    group_by_length: bool = field(
+        default=True,
+        metadata={
+            "help": "Batch examples of similar length together (batches still in random order): "
+            "far less padding, so faster updates (--no-group-by-length: random batches)."
+        },
+    )
     resume: bool = field(
         default=False, metadata={"help": "Continue the run in --out from its latest checkpoint."}
     )
-    lora_rank: int | None = lora_field("rank")
-    lora_alpha: float | None = lora_field("alpha")
-    lora_targets: list[str] = lora_field("targets")
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
     merge: bool = field(
         default=False,
         metadata={"help": "With --lora-rank, also write the adapter merged into a full model in OUT/merged."},
     )
     device: str = field(default="auto", metadata={"help": DEVICE_HELP})
+    training: TrainConfig = field(
+        default_factory=paper_finetuning,
+        metadata={
+            "help": "Optimisation settings with the paper's fine-tuning defaults (§4.1): lr 6.25e-5, "
+            "batch 32, warm-up over 0.2% of training, linear decay; unset step counts follow the epochs.",
+            "field_help": FINETUNING_HELP,
+        },
+    )
 
     def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.lora_rank is not None:
-            try:
-                self.lora_settings()
-            except ValueError as e:
-                raise config_error(
-                    self, "lora_targets" if "targets" in str(e) else "lora_rank", str(e)
-                ) from e
-            if not self.init or self.random_init:
-                raise config_error(self, "lora_rank", "LoRA adapts a pre-trained model: give --init DIR")
+        if self.lora.rank is not None:
+            if not self.model.init or self.model.random_init:
+                raise config_error(self.lora, "rank", "LoRA adapts a pre-trained model: give --init DIR")
             if self.transfer_layers is not None:
                 # Re-initialised blocks would be frozen random weights that no adapter file records.
                 raise config_error(self, "transfer_layers", "does not combine with LoRA (--lora-rank)")
-        elif self.lora_alpha is not None or self.merge:
-            flag = "lora_alpha" if self.lora_alpha is not None else "merge"
-            raise config_error(self, flag, "applies to LoRA runs only: give --lora-rank R too")
+        elif self.merge:
+            raise config_error(self, "merge", "applies to LoRA runs only: give --lora-rank R too")
         for name in ("epochs", "eval_batch_size"):
             if getattr(self, name) <= 0:
                 raise config_error(self, name, f"must be positive, got {getattr(self, name)}")
@@ -179,46 +236,20 @@ class FinetuneConfig(ModelShape):
         if self.transfer_layers is not None and self.transfer_layers < 0:
             raise config_error(self, "transfer_layers", f"must be >= 0, got {self.transfer_layers}")
 
-    def lora_settings(self) -> LoRASettings | None:
-        """The adapter to train, or None for full fine-tuning."""
-        if self.lora_rank is None:
-            return None
-        alpha = 2.0 * self.lora_rank if self.lora_alpha is None else self.lora_alpha
-        return LoRASettings(self.lora_rank, alpha, tuple(self.lora_targets))
 
-
-@dataclass
-class FinetuneTrainConfig(TrainConfig):
-    """Optimisation settings with the paper's fine-tuning defaults (§4.1): lr 6.25e-5, batch 32,
-    warm-up over 0.2% of training, linear decay; unset step counts follow the epochs."""
-
-    max_steps: int | None = field(
-        default=None, metadata={"help": "Optimizer updates to run (default: epochs × updates per epoch)."}
+def resolved_training(train: TrainConfig, epochs: int, steps_per_epoch: int) -> TrainConfig:
+    """A copy of ``train`` with fine-tuning's step counts filled in: left unset, the updates follow
+    the epochs, the warm-up is 0.2% of them (at least one), and the dev set is evaluated and a
+    checkpoint written every epoch."""
+    max_steps = train.max_steps or epochs * steps_per_epoch
+    warmup = train.warmup_steps
+    return dataclasses.replace(
+        train,
+        max_steps=max_steps,
+        warmup_steps=max(1, round(WARMUP_FRACTION * max_steps)) if warmup is None else warmup,
+        eval_every=steps_per_epoch if train.eval_every is None else train.eval_every,
+        checkpoint_every=train.checkpoint_every or steps_per_epoch,
     )
-    batch_size: int = field(default=32, metadata={"help": "Global batch, in examples, per update."})
-    lr: float = field(default=6.25e-5, metadata={"help": "Maximum learning rate."})
-    warmup_steps: int | None = field(
-        default=None, metadata={"help": "Linear warm-up updates from 0 (default: 0.2% of training)."}
-    )
-    schedule: Literal["cosine", "linear", "constant"] = field(
-        default="linear", metadata={"help": "Decay after warm-up, to 0 at max_steps."}
-    )
-    eval_every: int | None = field(
-        default=None, metadata={"help": "Evaluate on the dev set every N updates (default: every epoch)."}
-    )
-    group_by_length: bool = field(
-        default=True,
-        metadata={
-            "help": "Batch examples of similar length together (batches still in random order): "
-            "far less padding, so faster updates (--no-group-by-length: random batches)."
-        },
-    )
-    checkpoint_every: int | None = field(
-        default=None, metadata={"help": "Checkpoint every N updates (default: every epoch)."}
-    )
-
-    def default_warmup(self, max_steps: int) -> int:
-        return max(1, round(WARMUP_FRACTION * max_steps))
 
 
 class ExampleBatches(EpochSampler):
@@ -230,11 +261,12 @@ class ExampleBatches(EpochSampler):
         self,
         examples: list[EncodedExample],
         spec: TaskSpec,
-        train: FinetuneTrainConfig,
+        train: TrainConfig,
         rank: int,
         world_size: int,
+        group_by_length: bool = True,
     ):
-        lengths = [max(map(len, e.sequences)) for e in examples] if train.group_by_length else None
+        lengths = [max(map(len, e.sequences)) for e in examples] if group_by_length else None
         super().__init__(
             len(examples),
             train.batch_size,
@@ -303,12 +335,12 @@ def load_examples(config: FinetuneConfig, split: str) -> list[Example]:
 def build_gpt(config: FinetuneConfig, tokenizer: Tokenizer, specials: dict[str, int]) -> GPT:
     """The transformer: pre-trained (``init``, keeping ``transfer_layers`` blocks) or new, with rows
     for the special tokens of the input transformations."""
-    gpt = build_model(config, base_vocab_size(tokenizer))
-    if config.init and config.transfer_layers is not None and not config.random_init:
+    gpt = build_model(config.model, base_vocab_size(tokenizer))
+    if config.model.init and config.transfer_layers is not None and not config.model.random_init:
         gpt.reinitialize_blocks(keep=config.transfer_layers)
     # New rows N(0, 0.02) for _start_, _delimiter_, _classify_ when the model lacks them.
     gpt.add_special_tokens(max(specials.values()) + 1 - gpt.config.total_vocab_size)
-    settings = config.lora_settings()
+    settings = config.lora.settings()
     if settings is not None:
         # Everything frozen but the LoRA matrices and the special tokens' rows (the last rows).
         add_lora(gpt, settings, first_trainable_row=min(specials.values()))
@@ -317,8 +349,8 @@ def build_gpt(config: FinetuneConfig, tokenizer: Tokenizer, specials: dict[str, 
 
 def lora_info(config: FinetuneConfig, specials: dict[str, int]) -> dict:
     """What ``task.json`` records of a LoRA run, to rebuild its model from the base (none: full)."""
-    settings = config.lora_settings()
-    return {} if settings is None else lora_task_info(settings, config.init, min(specials.values()))
+    settings = config.lora.settings()
+    return {} if settings is None else lora_task_info(settings, config.model.init, min(specials.values()))
 
 
 def trainable_parameters(model: nn.Module) -> tuple[int, int]:
@@ -350,7 +382,7 @@ def task_spec(
 ) -> TaskSpec:
     """The task as the model will know it: layout, labels, input limit."""
     # A context shorter than the loaded model's (--context-length) bounds the inputs too.
-    context_length = min(config.context_length or gpt.config.context_length, gpt.config.context_length)
+    context_length = min(config.model.context_length or gpt.config.context_length, gpt.config.context_length)
     multiple_choice = config.task == "multiple_choice" and examples
     return TaskSpec(
         task=config.task,
@@ -363,26 +395,25 @@ def task_spec(
     )
 
 
-def finetune(config: FinetuneConfig, train: FinetuneTrainConfig) -> dict:
+def finetune(config: FinetuneConfig) -> dict:
     """Fine-tune on a task; keeps the best dev model in ``config.out``; returns its results.
 
-    Neither config is changed: the task and step counts derived here live in copies.
+    The config is not changed: the task and step counts derived here live in copies.
     """
     config, metric = with_dataset_task(config)
     if not config.task:
         raise config_error(config, "task", "is required (or --dataset NAME)")
-    tokenizer_dir = config.tokenizer or config.init
+    tokenizer_dir = config.tokenizer or config.model.init
     if not tokenizer_dir:
         raise config_error(config, "tokenizer", "is required when training from scratch (no --init)")
     out_dir = Path(config.out)
-    hub.ensure_available(config.init, tokenizer_dir)  # a name that cannot be had leaves no run folder
+    hub.ensure_available(config.model.init, tokenizer_dir)  # a name that cannot be had leaves no run folder
     with run_stage(out_dir, config.resume, "finetune", config.device) as ctx:
-        return _finetune(config, train, metric, tokenizer_dir, out_dir, ctx)
+        return _finetune(config, metric, tokenizer_dir, out_dir, ctx)
 
 
 def _finetune(
     config: FinetuneConfig,
-    train: FinetuneTrainConfig,
     metric: str,
     tokenizer_dir: str,
     out_dir: Path,
@@ -391,6 +422,7 @@ def _finetune(
     """:func:`finetune`'s work, while the run directory is held and the process group runs."""
     tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
     specials = special_token_ids(tokenizer)
+    train = config.training
     torch.manual_seed(train.seed)
     gpt = build_gpt(config, tokenizer, specials)
 
@@ -407,16 +439,10 @@ def _finetune(
 
     model = TaskModel(gpt, spec, config.clf_dropout, config.lm_coef, tokenizer).to(ctx.device)
     torch.manual_seed(train.seed + ctx.rank)
-    batches = ExampleBatches(encoded_train, spec, train, ctx.rank, ctx.world_size)
-    # Step counts left unset follow the epochs.
-    max_steps = train.max_steps or config.epochs * batches.steps_per_epoch
-    train = dataclasses.replace(
-        train,
-        max_steps=max_steps,
-        warmup_steps=train.warmup_for(max_steps),
-        eval_every=batches.steps_per_epoch if train.eval_every is None else train.eval_every,
-        checkpoint_every=train.checkpoint_every or batches.steps_per_epoch,
+    batches = ExampleBatches(
+        encoded_train, spec, train, ctx.rank, ctx.world_size, group_by_length=config.group_by_length
     )
+    train = resolved_training(train, config.epochs, batches.steps_per_epoch)
 
     def save_model(directory: Path, state: dict[str, torch.Tensor]) -> None:
         save_task_model(directory, gpt.config, state, {**model.task_info(), **lora_info(config, specials)})
@@ -426,7 +452,7 @@ def _finetune(
         return read_task_state(checkpoint, model.state_dict())
 
     trained, total = trainable_parameters(model)
-    if ctx.is_main and config.lora_rank is not None:
+    if ctx.is_main and config.lora.rank is not None:
         print(f"LoRA: training {trained:,} of {total:,} parameters ({100 * trained / total:.2f}%)")
 
     def evaluate(module: nn.Module) -> dict[str, float]:
@@ -471,7 +497,7 @@ def _finetune(
         "steps": trainer.step,
         "examples": examples,
         "lm_coef": config.lm_coef,
-        "init": config.init,
+        "init": config.model.init,
         "trainable_parameters": trained,
         "parameters": total,
     }

@@ -33,22 +33,22 @@ from gptkit.train.run import (
 
 
 @dataclass
-class PretrainConfig(ModelShape):
-    """What to pre-train on and where to write it; the model's shape (a preset with overrides, or
-    ``init`` weights). ``context_length`` is also the length of the training windows."""
+class PretrainConfig:
+    """What to pre-train on, the model (a preset's shape with overrides, or ``init`` weights; its
+    ``context_length`` is also the length of the training windows), how, and where to write it."""
 
-    data: str = field(
-        default="", metadata={"help": "Directory written by `gptkit prepare` (default: none; required)."}
-    )
+    data: str = field(metadata={"help": "Directory written by `gptkit prepare` (required)."})
+    model: ModelShape = field(default_factory=ModelShape)
     out: str = field(default="runs/pretrain", metadata={"help": "Run directory."})
     resume: bool = field(
         default=False, metadata={"help": "Continue the run in --out from its latest checkpoint."}
     )
     eval_windows: int = field(default=64, metadata={"help": "Validation windows per evaluation."})
     device: str = field(default="auto", metadata={"help": DEVICE_HELP})
+    # GPT-1's pre-training settings (§4.1): TrainConfig's own defaults.
+    training: TrainConfig = field(default_factory=TrainConfig)
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if self.eval_windows <= 0:
             raise config_error(self, "eval_windows", f"must be positive, got {self.eval_windows}")
 
@@ -80,20 +80,19 @@ def export_latest(trainer: Trainer) -> None:
         atomic_write(trainer.out_dir / name, lambda tmp, name=name: shutil.copyfile(latest / name, tmp))
 
 
-def pretrain(config: PretrainConfig, train: TrainConfig) -> dict[str, float]:
+def pretrain(config: PretrainConfig) -> dict[str, float]:
     """Pre-train a GPT on a prepared corpus; returns the last evaluation's metrics."""
-    if not config.data:
-        raise config_error(config, "data", "is required: a directory written by `gptkit prepare`")
+    train = config.training
     out_dir = Path(config.out)
-    hub.ensure_available(config.init)  # a name that cannot be had leaves no run folder
+    hub.ensure_available(config.model.init)  # a name that cannot be had leaves no run folder
     with run_stage(out_dir, config.resume, "pretrain", config.device) as ctx:
         train_shard = TokenShard.open(config.data, "train")
         meta = train_shard.meta
         check_shard_tokenizer(config.data, meta)
         tokenizer = Tokenizer.from_pretrained(Path(config.data) / meta["tokenizer"])
         torch.manual_seed(train.seed)  # the same initial weights on every rank
-        model = build_model(config, base_vocab_size(tokenizer))
-        context_length = config.context_length or model.config.context_length
+        model = build_model(config.model, base_vocab_size(tokenizer))
+        context_length = config.model.context_length or model.config.context_length
         model.to(ctx.device)
         torch.manual_seed(train.seed + ctx.rank)  # dropout differs across ranks
 

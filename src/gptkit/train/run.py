@@ -20,9 +20,10 @@ from typing import Any
 
 import torch
 
-from gptkit.config import Activation, GPTConfig, PositionEncoding, check_choices, config_error
+from gptkit.config import Activation, GPTConfig, PositionEncoding, check_choices, config_error, flat_fields
 from gptkit.model import GPT
 from gptkit.tokenizer import Tokenizer
+from gptkit.train.config import TrainConfig
 from gptkit.train.distributed import DistributedContext, init_distributed, shutdown_distributed
 from gptkit.train.loop import Trainer
 from gptkit.train.rundir import RunDir
@@ -173,11 +174,21 @@ def resume_latest(trainer: Trainer, load_model_state: Callable[[Path], dict[str,
         )
 
 
-def run_config(stage: str, config: object, train: object, model: GPTConfig, **extra: Any) -> dict[str, Any]:
-    """What defines a run, for ``run_config.json``: the stage's settings, the loop's, the model's."""
+def run_config(
+    stage: str, config: object, train: TrainConfig, model: GPTConfig, **extra: Any
+) -> dict[str, Any]:
+    """What defines a run, for ``run_config.json``: the stage's settings by flag name (a nested
+    config's fields at the top level: the layout runs have always written), the loop's as the run
+    resolved them (``train``; a stage config's own TrainConfig is not recorded twice), the model's."""
+    settings: dict[str, Any] = {}
+    for f in dataclasses.fields(config):  # type: ignore[arg-type]
+        value = getattr(config, f.name)
+        if isinstance(value, TrainConfig):
+            continue
+        settings.update(flat_fields(value) if dataclasses.is_dataclass(value) else {f.name: value})
     return {
         "stage": stage,
-        stage: dataclasses.asdict(config),
+        stage: settings,
         "train": dataclasses.asdict(train),
         "model": model.to_dict(),
         **extra,
