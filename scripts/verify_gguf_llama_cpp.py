@@ -6,7 +6,7 @@ gptkit with its export extra. Run by hand where it is installed::
     python scripts/verify_gguf_llama_cpp.py --model runs/pretrain --out /tmp/gguf
     python scripts/verify_gguf_llama_cpp.py --model path/to/hf-gpt2 --tokenizer data/gpt2_bpe
 
-For each dtype (f32, f16, q8_0) the model is exported with :func:`gptkit.export.gguf.export_gguf`
+For each type (f32, f16, bf16, q8_0: ``gptkit export --quantize``) the model is exported with :func:`gptkit.export.gguf.export_gguf`
 and loaded with ``llama_cpp.Llama(logits_all=True)``; for each prompt, tokenized by gptkit:
 
 - **tokenizer**: llama.cpp's tokenization of the prompt (from the tokenizer inside the file) equals
@@ -17,7 +17,8 @@ and loaded with ``llama_cpp.Llama(logits_all=True)``; for each prompt, tokenized
 - **greedy**: 32 new tokens, the arg-max of llama.cpp's logits fed back one at a time, against
   ``gptkit.generate(..., temperature=0)``; f32 must be identical.
 
-Stated tolerances (max |Δ log P|): f32 0.01, f16 0.05, q8_0 0.2. f32 is not exact because ggml's
+Stated tolerances (max |Δ log P|): f32 0.01, f16 0.05, bf16 0.1 (3 fewer mantissa bits than f16),
+q8_0 0.2. f32 is not exact because ggml's
 CPU GELU reads a table indexed by the fp16-rounded input (GGML_GELU_FP16) and sums in its own
 order; llama.cpp's KV cache, f16 by default, is set to f32 here so that only the weights' dtype
 differs. The exit status is 1 when a check fails.
@@ -44,7 +45,7 @@ PROMPTS = [
     "The capital of France is Paris. The capital of Germany is",
     "def fibonacci(n):\n    ",
 ]
-TOLERANCES = {"f32": 0.01, "f16": 0.05, "q8_0": 0.2}
+TOLERANCES = {"f32": 0.01, "f16": 0.05, "bf16": 0.1, "q8_0": 0.2}
 TOP_K = 10
 GGML_TYPE_F32 = 0  # ggml's type id for float32, stable across versions (ggml.h)
 
@@ -114,7 +115,7 @@ def main() -> int:
     out = Path(args.out or tempfile.mkdtemp(prefix="gptkit-gguf-"))
     results, passed = {}, True
     for dtype, tolerance in TOLERANCES.items():
-        path = export_gguf(model, tokenizer, out / f"model-{dtype}.gguf", dtype=dtype)
+        path = export_gguf(model, tokenizer, out / f"model-{dtype}.gguf", quantize=dtype)
         llm = llama_cpp.Llama(
             model_path=str(path),
             n_ctx=model.config.context_length,

@@ -3,8 +3,8 @@
 ONNX: logits within 1e-4 of gptkit's on several batch sizes and lengths, and a greedy continuation
 decoded step by step through the past-key/value variant identical to gptkit's, for GPT-1 and GPT-2.
 GGUF: the metadata and tokenizer llama.cpp reads, tensor names and the shapes llama.cpp's ``gpt2``
-loader declares, values equal to the weights (f32), within fp16 rounding (f16) and within Q8_0's
-per-block bound (q8_0), and a forward pass computed from the file's tensors the way llama.cpp's
+loader declares, values equal to the weights (f32), their exact fp16/bf16 casts (f16, bf16), and for
+q8_0 the bytes of llama.cpp's reference Q8_0 (written here), within half a step per block, and a forward pass computed from the file's tensors the way llama.cpp's
 ``gpt2`` graph computes it, against gptkit's logits.
 """
 
@@ -159,7 +159,7 @@ def gguf_files(small_tokenizer, tmp_path_factory):
     model = small_model("gpt2", vocab_size=len(small_tokenizer))
     directory = tmp_path_factory.mktemp("gguf")
     readers = {}
-    for dtype in ("f32", "f16", "q8_0"):
+    for dtype in ("f32", "f16", "bf16", "q8_0"):
         readers[dtype] = gguf.GGUFReader(
             export_gguf(model, small_tokenizer, directory / f"{dtype}.gguf", dtype)
         )
@@ -206,7 +206,7 @@ def test_gguf_metadata_and_tokenizer_are_what_llama_cpp_reads(gpt2_vocabulary_fi
     assert field(reader, "tokenizer.ggml.add_bos_token") is False
     assert {t.name: tuple(int(n) for n in t.shape) for t in reader.tensors} == llama_cpp_shapes(config)
     file_types = {"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16}
-    file_types["q8_0"] = gguf.LlamaFileType.MOSTLY_Q8_0
+    file_types |= {"bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
     for dtype, other in gguf_files[1].items():
         assert field(other, "general.file_type") == file_types[dtype]
 
@@ -277,10 +277,11 @@ def test_gguf_tensors_have_llama_cpps_names_shapes_and_the_weights(gguf_files):
             if dtype == "f32" or not is_matrix:
                 assert types[name] == gguf.GGMLQuantizationType.F32
                 np.testing.assert_array_equal(values, reference, err_msg=f"{dtype} {name}")
-            elif dtype == "f16":
-                assert types[name] == gguf.GGMLQuantizationType.F16
-                # Round to nearest in fp16: half a unit in the last place, 2^-11 relative.
-                assert np.all(np.abs(values - reference) <= np.abs(reference) * 2.0**-11 + 2.0**-25), name
+            elif dtype in ("f16", "bf16"):
+                # Matrices (the token embedding included) as the exact round-to-nearest-even cast.
+                assert types[name] == getattr(gguf.GGMLQuantizationType, dtype.upper()), name
+                cast = torch.from_numpy(reference).to(torch.float16 if dtype == "f16" else torch.bfloat16)
+                np.testing.assert_array_equal(values, cast.float().numpy(), err_msg=f"{dtype} {name}")
             else:
                 assert types[name] == gguf.GGMLQuantizationType.Q8_0
                 # Q8_0: each block of 32 weights is d·q with q = round(w / d) an int8, d = max|w|/127,
@@ -288,6 +289,47 @@ def test_gguf_tensors_have_llama_cpps_names_shapes_and_the_weights(gguf_files):
                 blocks = reference.reshape(-1, 32)
                 bound = np.abs(blocks).max(axis=1, keepdims=True) / 127 * (0.5 + 127 * 2.0**-11) + 1e-8
                 assert np.all(np.abs(values.reshape(-1, 32) - blocks) <= bound), name
+
+
+def reference_q8_0(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's reference Q8_0 (quantize_row_q8_0_ref), written here from its definition: each block
+    of 32 consecutive weights of a row gets d = max|w| / 127 (float32) and q = roundf(w · (1/d)),
+    rounding half away from zero; d is stored as fp16. Returns (fp16 scales (blocks,), int8 (blocks, 32))."""
+    blocks = weights.astype(np.float32).reshape(-1, 32)
+    d = np.abs(blocks).max(axis=1) / np.float32(127)
+    inverse = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    scaled = blocks * inverse[:, None]
+    q = np.sign(scaled) * np.floor(np.abs(scaled) + np.float32(0.5))
+    return d.astype(np.float16), q.astype(np.int8)
+
+
+def read_q8_0(tensor) -> tuple[np.ndarray, np.ndarray]:
+    """A Q8_0 tensor's raw bytes, read by hand: blocks of 34 bytes, an fp16 scale then 32 int8."""
+    raw = np.asarray(tensor.data, dtype=np.uint8).reshape(-1, 34)
+    return raw[:, :2].copy().view(np.float16)[:, 0], raw[:, 2:].copy().view(np.int8)
+
+
+def test_gguf_q8_0_holds_llama_cpps_blocks(gguf_files):
+    """The q8_0 file's matrices are byte for byte ggml's reference quantization, and the weights
+    dequantized by hand (scale · q) are within half a quantization step of the model's, per block."""
+    model, readers = gguf_files
+    expected = hf_gpt2_weights(model)
+    quantized = [t for t in readers["q8_0"].tensors if t.tensor_type == gguf.GGMLQuantizationType.Q8_0]
+    # Every matrix but the position table, the token embedding (and the tied output) included.
+    assert sorted(t.name for t in quantized) == sorted(
+        name for name, w in expected.items() if w.ndim == 2 and name != "position_embd.weight"
+    )
+    for tensor in quantized:
+        scales, q = read_q8_0(tensor)
+        reference_scales, reference_q = reference_q8_0(expected[tensor.name])
+        np.testing.assert_array_equal(scales, reference_scales, err_msg=tensor.name)
+        np.testing.assert_array_equal(q, reference_q, err_msg=tensor.name)
+        blocks = expected[tensor.name].reshape(-1, 32)
+        error = np.abs(scales.astype(np.float32)[:, None] * q - blocks).max(axis=1)
+        # Rounding costs at most half a step, d/2; the scale's own fp16 rounding (|d - fp16(d)| ≤
+        # 2^-11·d) adds up to 127·2^-11·d at the largest |q|. Measured: the first term dominates.
+        step = scales.astype(np.float32)
+        assert np.all(error <= step * (0.5 + 127 * 2.0**-11) * (1 + 2.0**-11) + 1e-12), tensor.name
 
 
 def llama_cpp_gpt2_forward(tensors: dict[str, np.ndarray], config: GPTConfig, ids: np.ndarray) -> np.ndarray:
@@ -331,11 +373,53 @@ def test_gguf_tensors_compute_the_model_in_llama_cpps_graph(gguf_files, small_to
         expected = model(torch.from_numpy(ids)[None]).logits[0].double().numpy()
     # Next-token log-probabilities at every position: f32 to float rounding; f16 and q8_0 as their
     # rounding allows (this small random model measured 2e-4 and 5e-3 over GPT-2's vocabulary).
-    tolerance = {"f32": 1e-5, "f16": 2e-3, "q8_0": 0.03}
+    tolerance = {"f32": 1e-5, "f16": 2e-3, "bf16": 0.015, "q8_0": 0.03}
     for dtype, reader in readers.items():
         tensors = {name: values.astype(np.float64) for name, values in tensor_values(reader).items()}
         got = llama_cpp_gpt2_forward(tensors, model.config, ids)
         assert np.abs(log_softmax(got) - log_softmax(expected)).max() < tolerance[dtype], dtype
+
+
+HELD_OUT = (
+    "It was the best of times, it was the worst of times, it was the age of wisdom, it was the age "
+    "of foolishness, it was the epoch of belief."
+)
+
+
+def test_gguf_q8_0_perplexity_in_llama_cpp_is_within_one_percent_of_f32(small_tokenizer, tmp_path):
+    """llama.cpp itself runs the f32 and q8_0 files: perplexity on a text the model never saw, f32
+    equal to gptkit's (to ggml's float rounding), q8_0 within 1% of f32."""
+    llama_cpp = pytest.importorskip(
+        "llama_cpp", reason="llama.cpp's binding: pip install -e '.[llama]' (builds llama.cpp from source)"
+    )
+    torch.manual_seed(0)
+    model = small_model("gpt2", vocab_size=len(small_tokenizer))
+    # Larger matrices than init's: peaked next-token distributions (at init they are near-uniform, and
+    # any rounding would leave the perplexity where it is).
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.ndim == 2:
+                parameter.normal_(0.0, 0.15)
+    ids = small_tokenizer.encode(HELD_OUT)[: model.config.context_length]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].double().numpy()
+    perplexity = {"gptkit": next_token_perplexity(logits, ids)}
+    for quantize in ("f32", "q8_0"):
+        path = export_gguf(model, small_tokenizer, tmp_path / f"{quantize}.gguf", quantize=quantize)
+        llm = llama_cpp.Llama(
+            model_path=str(path), n_ctx=model.config.context_length, logits_all=True, verbose=False
+        )
+        llm.eval(ids)
+        perplexity[quantize] = next_token_perplexity(np.array(llm.scores[: len(ids)]), ids)
+        llm.close()
+    assert perplexity["f32"] == pytest.approx(perplexity["gptkit"], rel=1e-3), perplexity
+    assert perplexity["q8_0"] == pytest.approx(perplexity["f32"], rel=0.01), perplexity
+
+
+def next_token_perplexity(logits: np.ndarray, ids: list[int]) -> float:
+    """exp of the mean negative log-probability of each next token (positions 0 … n-2 predict 1 … n-1)."""
+    log_probs = log_softmax(logits.astype(np.float64))[:-1]
+    return float(np.exp(-log_probs[np.arange(len(ids) - 1), ids[1:]].mean()))
 
 
 def test_gguf_pads_token_rows_the_tokenizer_has_no_token_for(small_tokenizer, tmp_path):
@@ -370,10 +454,15 @@ def test_export_command_writes_a_gguf_and_refuses_gpt1_in_one_line(small_tokeniz
     gpt2_dir, gpt1_dir = tmp_path / "gpt2", tmp_path / "gpt1"
     small_model("gpt2", len(small_tokenizer)).save_pretrained(gpt2_dir)
     small_tokenizer.save_pretrained(gpt2_dir)
-    assert main(["export", str(gpt2_dir), str(tmp_path / "model.gguf"), "--dtype", "q8_0"]) == 0
+    assert main(["export", str(gpt2_dir), str(tmp_path / "model.gguf"), "--quantize", "q8_0"]) == 0
     assert "wrote" in capsys.readouterr().out
     reader = gguf.GGUFReader(tmp_path / "model.gguf")
     assert field(reader, "general.file_type") == gguf.LlamaFileType.MOSTLY_Q8_0
+    # --dtype, the flag's first name, still works, and says it is deprecated.
+    assert main(["export", str(gpt2_dir), str(tmp_path / "bf16.gguf"), "--dtype", "bf16"]) == 0
+    assert "--dtype is deprecated: use --quantize" in capsys.readouterr().err
+    reader = gguf.GGUFReader(tmp_path / "bf16.gguf")
+    assert field(reader, "general.file_type") == gguf.LlamaFileType.MOSTLY_BF16
 
     small_model("gpt1").save_pretrained(gpt1_dir)
     assert main(["export", str(gpt1_dir), str(tmp_path / "gpt1.gguf")]) == 2
@@ -382,11 +471,28 @@ def test_export_command_writes_a_gguf_and_refuses_gpt1_in_one_line(small_tokeniz
     assert not (tmp_path / "gpt1.gguf").exists()
 
 
+def test_export_quantize_flag_is_in_the_help_and_refuses_unknown_types(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--quantize {f32,f16,bf16,q8_0}" in help_text and "(default: f32)" in help_text
+    assert "--dtype" not in help_text  # the deprecated spelling is hidden
+    with pytest.raises(SystemExit) as exit_info:
+        main(["export", "m", str(tmp_path / "model.gguf"), "--quantize", "q4_0"])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.replace("'", "")  # quoted by some Python versions
+    assert "argument --quantize: invalid choice: q4_0 (choose from f32, f16, bf16, q8_0)" in error
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(ValueError, match=r"quantize must be one of f32, f16, bf16, q8_0, got 'q4_0'"):
+        export_gguf(small_model("gpt2"), None, tmp_path / "x.gguf", quantize="q4_0")
+
+
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
         (dict(out="model.bin"), "ends neither in .onnx nor .gguf"),
-        (dict(out="model.onnx", dtype="q8_0"), "an ONNX export has float32 weights"),
+        (dict(out="model.onnx", quantize="q8_0"), r"ExportConfig.quantize \(--quantize\): q8_0 is for gguf"),
+        (dict(out="model.gguf", quantize="int8"), "must be one of f32, f16, bf16, q8_0, got 'int8'"),
         (dict(out="model.gguf", past=True), "is for onnx"),
         (dict(out="model.onnx", format="tflite"), "must be one of onnx, gguf"),
     ],

@@ -14,6 +14,7 @@ from gptkit.hardware import Support
 from gptkit.model import layouts as quantize
 from gptkit.model.layouts import (
     DECODING_LAYOUT,
+    INT8_KERNEL_MAX_ROWS,
     Int8Linear,
     PackedLinear,
     TransposedLinear,
@@ -34,10 +35,11 @@ def test_int8_linear_is_the_rounded_matrix_times_its_row_scales():
     step = linear.weight.abs().amax(dim=1, keepdim=True) / 127
     assert (restored - linear.weight).abs().le(step * 0.5 + restored.abs() * 2**-8).all()
     assert quantized.weight.dtype == torch.int8 and quantized.weight.abs().max() == 127
-    x = torch.randn(5, 3, 64)
-    expected = x @ restored.t() + linear.bias  # the dequantized product, by hand
-    torch.testing.assert_close(quantized(x).float(), expected, atol=0.05, rtol=0.02)
-    assert (quantized(x).float() - linear(x)).abs().max() < 0.02 * linear(x).abs().max()
+    # A few rows (decoding: the int8 kernel) and many (a prompt: the dequantized bf16 matrix).
+    for x in (torch.randn(5, 3, 64), torch.randn(2, INT8_KERNEL_MAX_ROWS, 64)):
+        expected = x @ restored.t() + linear.bias  # the dequantized product, by hand
+        torch.testing.assert_close(quantized(x).float(), expected, atol=0.05, rtol=0.02)
+        assert (quantized(x).float() - linear(x)).abs().max() < 0.02 * linear(x).abs().max()
 
 
 def test_quantized_model_scores_and_decodes_like_the_original():

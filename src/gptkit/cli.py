@@ -398,7 +398,7 @@ def cmd_export(config) -> None:
     from gptkit.export import export_model
 
     path = export_model(config)
-    print(f"wrote {path} ({config.resolved_format()}, {config.dtype}, {path.stat().st_size:,} bytes)")
+    print(f"wrote {path} ({config.resolved_format()}, {config.quantize}, {path.stat().st_size:,} bytes)")
 
 
 def cmd_suite(config) -> None:

@@ -3,7 +3,7 @@
 - :mod:`~gptkit.export.onnx`: ONNX (``torch.onnx.export``), for ONNX Runtime and the tools that read
   ONNX: the whole-sequence model, or the decoding variant with past keys/values in and out.
 - :mod:`~gptkit.export.gguf`: GGUF for llama.cpp (its ``gpt2`` architecture), the byte-level
-  tokenizer inside the file, weights in f32, f16 or q8_0. GPT-2 family only.
+  tokenizer inside the file, matrices in f32, f16, bf16 or q8_0. GPT-2 family only.
 
 ``gptkit export MODEL OUT`` is :func:`export_model` with an :class:`ExportConfig`. The packages these
 need are the ``export`` extra (``pip install -e '.[export]'``); they are imported only here.
@@ -20,7 +20,7 @@ from typing import Literal
 from gptkit.config import check_choices, config_error
 
 ExportFormat = Literal["onnx", "gguf"]
-ExportDtype = Literal["f32", "f16", "q8_0"]
+ExportQuantize = Literal["f32", "f16", "bf16", "q8_0"]
 _SUFFIXES = {".onnx": "onnx", ".gguf": "gguf"}
 
 
@@ -48,10 +48,12 @@ class ExportConfig:
     format: ExportFormat | None = field(
         default=None, metadata={"help": "onnx or gguf (default: from OUT's extension)."}
     )
-    dtype: ExportDtype = field(
+    quantize: ExportQuantize = field(
         default="f32",
         metadata={
-            "help": "Weights: f32, f16 or q8_0 (8-bit, one scale per 32 weights); f16 and q8_0 are for gguf."
+            "help": "gguf: the matrices' type in llama.cpp's own layouts: f32, f16, bf16, or q8_0 (int8 "
+            "with one fp16 scale per 32 weights); LayerNorms, biases and positions stay f32. onnx: f32.",
+            "deprecated": ("dtype",),
         },
     )
     past: bool = field(
@@ -68,9 +70,9 @@ class ExportConfig:
     def __post_init__(self) -> None:
         check_choices(self)
         fmt = self.resolved_format()
-        if fmt == "onnx" and self.dtype != "f32":
+        if fmt == "onnx" and self.quantize != "f32":
             raise config_error(
-                self, "dtype", f"{self.dtype} is for gguf; an ONNX export has float32 weights (f32)"
+                self, "quantize", f"{self.quantize} is for gguf; an ONNX export has float32 weights (f32)"
             )
         if fmt == "gguf" and self.past:
             raise config_error(self, "past", "is for onnx: a GGUF file has no separate decoding variant")
@@ -104,7 +106,7 @@ def export_model(config: ExportConfig) -> Path:
 
     check_gguf_support(model.config)  # before reading a tokenizer a GPT-1 model might not have
     tokenizer = Tokenizer.from_pretrained(config.tokenizer or config.model)
-    return export_gguf(model, tokenizer, config.out, dtype=config.dtype)
+    return export_gguf(model, tokenizer, config.out, quantize=config.quantize)
 
 
 __all__ = ["ExportConfig", "export_model", "require_extra"]

@@ -14,10 +14,13 @@ weights to reach the same layout. The output layer is tied to the token embeddin
 written as its own tensor, which every llama.cpp version reads (newer ones would also fall back on
 ``token_embd``). Sinusoidal positions are written as the table they compute.
 
-Weights: ``f32``; ``f16`` (matrices in half precision); ``q8_0`` (matrices in llama.cpp's Q8_0:
-blocks of 32 weights as int8 with one fp16 scale, w ≈ d·q, d = max|w|/127). As llama.cpp's converter
-does, LayerNorms, biases and the position table stay f32, and a matrix whose rows are not a multiple
-of 32 long falls back from q8_0 to f16.
+Weights (``quantize``): ``f32``; ``f16`` or ``bf16`` (matrices in half precision, rounded to
+nearest even); ``q8_0`` (matrices in llama.cpp's Q8_0: blocks of 32 weights of a row as int8 with one
+fp16 scale, w ≈ d·q, d = max|w|/127, 34 bytes a block). The choice of tensors is llama.cpp's converter's
+(``convert_hf_to_gguf.py`` with ``--outtype f16|bf16|q8_0``): every 2-D weight is converted, the token
+embedding (and so the tied output layer) included; 1-D tensors (LayerNorms, biases) stay f32, and so
+does the position table, which llama.cpp keeps in f32 whatever the file type; a matrix whose rows are
+not a multiple of 32 long falls back from q8_0 to f16, as the converter's does.
 
 GPT-1 cannot be written: llama.cpp has no architecture with its post-LN blocks (LayerNorm after each
 residual add, no final LayerNorm), nor a tokenizer for its ``</w>`` BPE; see :func:`check_gguf_support`.
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 import numpy as np
 
@@ -41,7 +44,7 @@ if TYPE_CHECKING:
     from gguf import GGMLQuantizationType
 
 ARCHITECTURE = "gpt2"
-GGUFDtype = Literal["f32", "f16", "q8_0"]
+GGUFQuantize = Literal["f32", "f16", "bf16", "q8_0"]
 # llama.cpp's pre-tokenizer for GPT-2's regex, the one every byte-level gptkit tokenizer uses.
 PRE_TOKENIZER = "gpt-2"
 Q8_0_BLOCK = 32
@@ -99,14 +102,16 @@ def tensors(model: GPT) -> Iterator[tuple[str, np.ndarray]]:
     yield f"{names[kinds.OUTPUT]}.weight", state["wte.weight"]  # tied: the same values
 
 
-def tensor_type(name: str, array: np.ndarray, dtype: GGUFDtype) -> GGMLQuantizationType:
-    """The GGML type a tensor is stored in for ``dtype`` (see the module's docstring)."""
+def tensor_type(name: str, array: np.ndarray, quantize: GGUFQuantize) -> GGMLQuantizationType:
+    """The GGML type a tensor is stored in for ``quantize`` (see the module's docstring)."""
     gguf = require_extra("gguf", "GGUF export")
     types = gguf.GGMLQuantizationType
     is_matrix = array.ndim == 2 and not name.startswith(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.POS_EMBD])
-    if dtype == "f32" or not is_matrix:
+    if quantize == "f32" or not is_matrix:
         return types.F32
-    if dtype == "q8_0" and array.shape[-1] % Q8_0_BLOCK == 0:
+    if quantize == "bf16":
+        return types.BF16
+    if quantize == "q8_0" and array.shape[-1] % Q8_0_BLOCK == 0:
         return types.Q8_0
     return types.F16
 
@@ -139,13 +144,18 @@ def vocabulary(tokenizer: Tokenizer, n_rows: int) -> tuple[list[str], list[int]]
 
 
 def export_gguf(
-    model: GPT, tokenizer: Tokenizer, path: str | Path, dtype: GGUFDtype = "f32", name: str | None = None
+    model: GPT,
+    tokenizer: Tokenizer,
+    path: str | Path,
+    quantize: GGUFQuantize = "f32",
+    name: str | None = None,
 ) -> Path:
     """Write ``model`` with ``tokenizer`` to ``path`` for llama.cpp; the file appears whole or not at
-    all. ``name``: the model's name in the file (default: the file's stem)."""
+    all. ``quantize``: the matrices' type, f32, f16, bf16 or q8_0 (see the module's docstring).
+    ``name``: the model's name in the file (default: the file's stem)."""
     gguf = require_extra("gguf", "GGUF export")
-    if dtype not in ("f32", "f16", "q8_0"):
-        raise ValueError(f"dtype must be f32, f16 or q8_0, got {dtype!r}")
+    if quantize not in get_args(GGUFQuantize):
+        raise ValueError(f"quantize must be one of {', '.join(get_args(GGUFQuantize))}, got {quantize!r}")
     if model.inference_layout:
         raise ValueError(
             f"the model's weights are in an inference-only format ({model.inference_layout}): export the original"
@@ -157,6 +167,7 @@ def export_gguf(
     file_types = {
         "f32": gguf.LlamaFileType.ALL_F32,
         "f16": gguf.LlamaFileType.MOSTLY_F16,
+        "bf16": gguf.LlamaFileType.MOSTLY_BF16,
         "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
     }
 
@@ -169,7 +180,7 @@ def export_gguf(
         writer.add_block_count(config.n_layer)
         writer.add_head_count(config.n_head)
         writer.add_layer_norm_eps(config.layer_norm_eps)
-        writer.add_file_type(file_types[dtype])
+        writer.add_file_type(file_types[quantize])
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
         writer.add_tokenizer_model("gpt2")  # llama.cpp's byte-level BPE
@@ -183,7 +194,7 @@ def export_gguf(
         writer.add_add_bos_token(False)  # GPT-2 starts a text with its first token, as gptkit does
 
         for tensor_name, array in tensors(model):
-            kind = tensor_type(tensor_name, array, dtype)
+            kind = tensor_type(tensor_name, array, quantize)
             data = gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), kind)
             writer.add_tensor(tensor_name, data, raw_dtype=kind)
         writer.write_header_to_file()
