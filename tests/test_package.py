@@ -95,6 +95,7 @@ def installed(built, tmp_path_factory) -> Path:
         check=True,
         capture_output=True,
         text=True,
+        env=fresh_env(),  # a PYTHONPATH holding the checkout would make pip think gptkit is installed
     )
     link_distributions(closure(core_requirements(built["wheel"])), root / "dependencies")
     site = subprocess.run(
@@ -107,10 +108,15 @@ def installed(built, tmp_path_factory) -> Path:
     return root / "venv" / "bin"
 
 
-def run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def fresh_env() -> dict[str, str]:
+    """This process's environment less what points at this checkout or its virtual environment."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["HF_HUB_OFFLINE"] = "1"
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return env
+
+
+def run(command: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(command, cwd=cwd, env=fresh_env(), capture_output=True, text=True, timeout=300)
 
 
 def test_the_sdist_holds_the_sources_and_the_playground(built):
