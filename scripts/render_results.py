@@ -96,9 +96,15 @@ def table(record: dict) -> list[str]:
         if row.get("skipped"):
             lines.append(f"| {row['what']} | — | {row['peer']} | skipped: {row['skipped']} |")
             continue
-        ours = f"{number(row['ours'])} {unit}"
         peer = f"{number(row['peer_value'])} {unit} ({row['peer']})"
-        lines.append(f"| {row['what']} | {ours} | {peer} | **{row['ratio']:.2f}×** |")
+        if row.get("ratio") is None:  # measured, but with no figure to compare (a note says why)
+            lines.append(f"| {row['what']} | — | {peer} | {row.get('note', 'no ratio')} |")
+            continue
+        ours = f"{number(row['ours'])} {unit}"
+        ratio = f"**{row['ratio']:.2f}×**"
+        if row.get("bound"):  # reached at the shortest budget: the time is at most, the ratio at least
+            ours, ratio = f"≤ {ours}", f"≥ {ratio}"
+        lines.append(f"| {row['what']} | {ours} | {peer} | {ratio} |")
     return [*lines, ""]
 
 
