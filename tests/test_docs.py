@@ -176,3 +176,11 @@ def test_a_demo_run_is_kept_without_its_paths_and_rendered_with_its_figures(tmp_
     rows = "\n".join(render_results.table(record))
     assert "1,234 pre-training updates, 10.0 minutes" in rows
     assert "| sst2 | dev accuracy | 872 | 0.700 | 0.650 | 0.509 | +0.050 ± 0.012 | 186 |" in rows
+    del task["updates"]  # the pre-training demo's summary does not count fine-tuning's updates
+    summary.write_text(
+        json.dumps({"recipe": "minutes", "pretrain": {"steps": 9}, "seconds": 60.0, "tasks": {"sst2": task}})
+    )
+    rows = "\n".join(
+        render_results.table(json.loads(render_results.keep("demo", summary, tmp_path).read_text()))
+    )
+    assert "| sst2 | dev accuracy | 872 | 0.700 | 0.650 | 0.509 | +0.050 ± 0.012 |\n" in rows + "\n"
