@@ -160,19 +160,11 @@ def onnxruntime_rows(
         "greedy new tok/s, GPT-2 small, fp32, gptkit decoding layout vs ONNX Runtime (gptkit export --past)"
     )
     int8 = "greedy new tok/s, GPT-2 small, int8, gptkit int8 weights vs ONNX Runtime quantize_dynamic int8"
+    formats = {"fp32": "fp32 decoding layout", "bf16": "bf16 weights", "int8": "int8 weights"}
     prefill = {
-        (
-            "fp32",
-            "fp32",
-        ): f"time to first token, GPT-2 small, {PREFILL}-token prompt, gptkit fp32 decoding layout vs ONNX Runtime fp32",
-        (
-            "bf16",
-            "fp32",
-        ): f"time to first token, GPT-2 small, {PREFILL}-token prompt, gptkit bf16 weights vs ONNX Runtime fp32",
-        (
-            "int8",
-            "int8",
-        ): f"time to first token, GPT-2 small, {PREFILL}-token prompt, gptkit int8 weights vs ONNX Runtime int8",
+        (mine, theirs): f"time to first token, GPT-2 small, {PREFILL}-token prompt, "
+        f"gptkit {formats[mine]} vs ONNX Runtime {theirs}"
+        for mine, theirs in (("fp32", "fp32"), ("bf16", "fp32"), ("int8", "int8"))
     }
 
     def all_skipped(peer: str, reason: str) -> tuple[list[dict], dict[str, Path]]:
