@@ -12,9 +12,12 @@ from gptkit import GPT, GPTConfig, hardware
 from gptkit.generation import generate, load_for_generation
 from gptkit.hardware import Support
 from gptkit.model import layouts as quantize
+from gptkit.model import KVCache
 from gptkit.model.layouts import (
     DECODING_LAYOUT,
+    INT8_DYNAMIC_MAX_ROWS,
     INT8_KERNEL_MAX_ROWS,
+    FusedBlock,
     Int8Linear,
     PackedLinear,
     TransposedLinear,
@@ -40,6 +43,85 @@ def test_int8_linear_is_the_rounded_matrix_times_its_row_scales():
         expected = x @ restored.t() + linear.bias  # the dequantized product, by hand
         torch.testing.assert_close(quantized(x).float(), expected, atol=0.05, rtol=0.02)
         assert (quantized(x).float() - linear(x)).abs().max() < 0.02 * linear(x).abs().max()
+
+
+@pytest.mark.skipif(
+    "fbgemm" not in torch.backends.quantized.supported_engines, reason="this PyTorch lacks FBGEMM"
+)
+def test_int8_decoding_rows_round_the_activations_to_8_bits_and_no_more():
+    """Decoding's few rows go through FBGEMM: the product of the stored integers with the
+    activations rounded to 8 bits (7 bits and a zero point, FBGEMM's range on x86, one scale a call).
+    Its error stays within what that rounding allows, and below the bound a coarser rounding would
+    break: the kernel neither skips the rounding nor rounds more."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(256, 96)
+    quantized = Int8Linear(linear.weight, linear.bias)
+    assert quantized.packed is not None
+    restored = quantized.weight.float() * quantized.scale[:, None]
+    x = torch.randn(INT8_DYNAMIC_MAX_ROWS, 256)
+    exact = x @ restored.t() + linear.bias
+
+    def rounded(levels: int) -> torch.Tensor:  # x on `levels` steps over its range, 0 on the grid
+        low, high = min(float(x.min()), 0.0), max(float(x.max()), 0.0)
+        step = (high - low) / (levels - 1)
+        zero = round(-low / step)
+        return (torch.clamp(torch.round(x / step) + zero, 0, levels - 1) - zero) * step
+
+    with torch.no_grad():
+        ours = quantized(x)
+    by_hand = rounded(128) @ restored.t() + linear.bias
+    error = (ours - exact).abs().max()
+    assert (ours - by_hand).abs().max() < 0.1 * error  # the same rounding, to the kernel's sums
+    assert error < (rounded(32) @ restored.t() + linear.bias - exact).abs().max()
+    # A prompt's rows are not rounded: the dequantized matrix's product.
+    many = torch.randn(INT8_KERNEL_MAX_ROWS, 256)
+    torch.testing.assert_close(quantized(many), many @ restored.t() + linear.bias, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("activation", ["gelu_tanh", "gelu", "relu"])
+@pytest.mark.parametrize("ln_position", ["pre", "post"])
+def test_fused_block_computes_what_block_does(ln_position, activation):
+    """FusedBlock (the decoding layout's fp32 blocks) against Block: a padded batch's prompt into a
+    cache, then a step of one token a row, each under the attention mask."""
+    torch.manual_seed(0)
+    config = GPTConfig(
+        vocab_size=97,
+        context_length=32,
+        n_layer=2,
+        n_head=2,
+        d_model=32,
+        ln_position=ln_position,
+        activation=activation,
+    )
+    original = GPT(config).eval()
+    fused = decoding_layout(copy.deepcopy(original))
+    assert {type(b) for b in fused.h} == {FusedBlock}
+    ids = torch.randint(0, 97, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # the second row left-padded
+    caches = [KVCache(config, 2, 9, dtype=torch.float32) for _ in range(2)]
+    with torch.no_grad():
+        for model, cache in zip((original, fused), caches):
+            model.logits = model(ids[:, :8], attention_mask=mask[:, :8], cache=cache).logits
+            model.step = model(ids[:, 8:], attention_mask=mask, cache=cache).logits
+    torch.testing.assert_close(fused.logits, original.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(fused.step, original.step, rtol=1e-5, atol=1e-5)
+
+
+def test_a_cpu_cache_holds_fp32_for_a_bf16_model():
+    """A bf16 model's cache on a CPU holds fp32 (its attention runs faster there); a step through
+    it gives the logits that a bf16 cache gives, to bf16's resolution."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_preset("tiny")).to(torch.bfloat16).eval()
+    assert model.cache_dtype == torch.float32
+    ids = torch.randint(0, 512, (2, 6))
+    with torch.no_grad():
+        steps = []
+        for dtype in (torch.float32, torch.bfloat16):
+            cache = KVCache(model.config, 2, 6, dtype=dtype)
+            model(ids[:, :5], cache=cache)
+            steps.append(model(ids[:, 5:], cache=cache).logits.float())
+    torch.testing.assert_close(steps[0], steps[1], rtol=3e-2, atol=3e-2)
 
 
 def test_quantized_model_scores_and_decodes_like_the_original():

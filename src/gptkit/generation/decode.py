@@ -65,8 +65,9 @@ def stream_ids(
     was_training = model.training
     model.eval()
     try:
-        dtype = next(model.parameters()).dtype
-        cache = KVCache(model.config, B, T + max_new_tokens, input_ids.device, dtype) if use_cache else None
+        cache = None
+        if use_cache:
+            cache = KVCache(model.config, B, T + max_new_tokens, input_ids.device, model.cache_dtype)
         sequence, mask = input_ids, attention_mask
         step_input = input_ids
         for _ in range(max_new_tokens):

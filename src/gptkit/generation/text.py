@@ -52,7 +52,8 @@ class InferenceConfig:
         default="none",
         kw_only=True,
         metadata={
-            "help": "Weight-only quantization: int8 stores a quarter of fp32's bytes (bf16 activations)."
+            "help": "int8 weights, a quarter of fp32's bytes (fp32 activations, rounded to 8 bits "
+            "for each product while decoding)."
         },
     )
     device: str = field(default="auto", kw_only=True, metadata={"help": DEVICE_HELP})
@@ -93,7 +94,7 @@ def load_for_generation(
     natively. The choice rests on a short measurement, so the same seed may sample differently on
     another machine or under other load: fix ``dtype`` for reproducible samples (the default here,
     float32, is exact). ``verbose`` prints the choice and its reason. ``quantize="int8"`` stores the
-    weights as int8 with bf16 activations (see :mod:`gptkit.model.layouts`): for decoding on a CPU.
+    weights as int8 with fp32 activations (see :mod:`gptkit.model.layouts`): for decoding on a CPU.
     Weights loaded for decoding on a CPU (fp32, or bf16 where it is native) are stored in the layouts
     its matrix-vector products stream fastest (:func:`gptkit.model.layouts.decoding_layout`: the same
     values; sums in another order, so fp32 logits agree to ~1e-6).
@@ -103,7 +104,7 @@ def load_for_generation(
     hub.ensure_available(model_dir, tokenizer_dir)  # a name that cannot be had fails before any measuring
     torch_device = resolve_device(device)
     if quantize == "int8":
-        choice = Choice(torch.bfloat16, "int8 weights, bf16 activations (--quantize int8)")
+        choice = Choice(torch.float32, "int8 weights, fp32 activations (--quantize int8)")
     else:
         choice = resolve_precision(dtype, torch_device, "decoding" if decoding else "scoring")
     if verbose:

@@ -82,6 +82,7 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             past = cache.length
             k, v = cache.append(layer, k, v)  # (B, nh, S, hs), S = past + T
+            q = q.to(k.dtype)  # a cache may hold another dtype than the weights (GPT.cache_dtype)
         # softmax(q·k^T / sqrt(d_head))·v, masked so position i sees only positions <= i. Without a
         # mask: causal from an empty cache; one new token after a cache sees every position.
         y = F.scaled_dot_product_attention(
@@ -92,11 +93,11 @@ class CausalSelfAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             is_causal=mask is None and past == 0,
         )
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        y = y.transpose(1, 2).contiguous().view(B, T, C).to(x.dtype)
         return self.resid_dropout(self.c_proj(y))
 
 
-_ACTIVATIONS = {
+ACTIVATIONS = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "gelu": F.gelu,
     "relu": F.relu,
@@ -108,7 +109,7 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = nn.Linear(config.d_model, 4 * config.d_model)
         self.c_proj = nn.Linear(4 * config.d_model, config.d_model)
-        self.act = _ACTIVATIONS[config.activation]
+        self.act = ACTIVATIONS[config.activation]
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -187,6 +188,14 @@ class GPT(nn.Module):
             self._scale_residual_init(block)
         if self.ln_f is not None and keep < self.config.n_layer:
             self.ln_f.apply(self._init_weights)
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """The dtype a KVCache for this model holds: the weights' own, except on a CPU, where it is
+        fp32: there PyTorch's attention of one new token over the cache runs about 5× faster in
+        fp32 than in bf16 (GPT-2 small's shape, 96 positions: 10 against 50 µs a layer)."""
+        weight = self.wte.weight
+        return torch.float32 if weight.device.type == "cpu" else weight.dtype
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -104,8 +104,8 @@ class Engine:
         self.tokenizer = tokenizer
         self.max_batch, self.max_queue = max_batch, max_queue
         parameter = next(model.parameters())
-        self.device, self.dtype = parameter.device, parameter.dtype
-        self.cache = SlotCache(model.config, max_batch, self.device, self.dtype)
+        self.device, self.cache_dtype = parameter.device, model.cache_dtype
+        self.cache = SlotCache(model.config, max_batch, self.device, self.cache_dtype)
         self.decode_step = DecodeStep.for_tokenizer(model.config.total_vocab_size, tokenizer)
         self._waiting: deque[GenerationRequest] = deque()
         self._running: list[GenerationRequest] = []  # by cache row
@@ -234,7 +234,7 @@ class Engine:
 
     def _prefill(self, prefixes: list[list[int]], width: int) -> KVCache:
         """The keys/values of ``prefixes``, left-padded to ``width`` in one batch."""
-        source = KVCache(self.model.config, len(prefixes), width, self.device, self.dtype)
+        source = KVCache(self.model.config, len(prefixes), width, self.device, self.cache_dtype)
         ids = torch.tensor([[0] * (width - len(p)) + p for p in prefixes], device=self.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prefixes], device=self.device)
         self.model(ids, attention_mask=mask, cache=source, compute_logits=False)  # (k, width)
