@@ -11,8 +11,8 @@ import torch
 from gptkit import GPT, GPTConfig, hardware
 from gptkit.generation import generate, load_for_generation
 from gptkit.hardware import Support
-from gptkit.model import layouts as quantize
 from gptkit.model import KVCache
+from gptkit.model import layouts as quantize
 from gptkit.model.layouts import (
     DECODING_LAYOUT,
     INT8_DYNAMIC_MAX_ROWS,
