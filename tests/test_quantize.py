@@ -48,8 +48,8 @@ def test_int8_linear_is_the_rounded_matrix_times_its_row_scales():
 @pytest.mark.skipif(
     "fbgemm" not in torch.backends.quantized.supported_engines, reason="this PyTorch lacks FBGEMM"
 )
-def test_int8_decoding_rows_round_the_activations_to_8_bits_and_no_more():
-    """Decoding's few rows go through FBGEMM: the product of the stored integers with the
+def test_int8_rows_round_the_activations_to_8_bits_and_no_more():
+    """Rows go through FBGEMM: the product of the stored integers with the
     activations rounded to 8 bits (7 bits and a zero point, FBGEMM's range on x86, one scale a call).
     Its error stays within what that rounding allows, and below the bound a coarser rounding would
     break: the kernel neither skips the rounding nor rounds more."""
@@ -73,9 +73,18 @@ def test_int8_decoding_rows_round_the_activations_to_8_bits_and_no_more():
     error = (ours - exact).abs().max()
     assert (ours - by_hand).abs().max() < 0.1 * error  # the same rounding, to the kernel's sums
     assert error < (rounded(32) @ restored.t() + linear.bias - exact).abs().max()
-    # A prompt's rows are not rounded: the dequantized matrix's product.
-    many = torch.randn(INT8_KERNEL_MAX_ROWS, 256)
-    torch.testing.assert_close(quantized(many), many @ restored.t() + linear.bias, rtol=1e-2, atol=1e-2)
+    # A prompt's rows are rounded INT8_DYNAMIC_MAX_ROWS at a time: a row 100× larger than the rest
+    # coarsens the rounding of its own group only.
+    many = torch.randn(3 * INT8_DYNAMIC_MAX_ROWS, 256)
+    many[0] *= 100
+    with torch.no_grad():
+        groups = [quantized(group) for group in many.split(INT8_DYNAMIC_MAX_ROWS)]
+        assert torch.equal(quantized(many), torch.cat(groups))
+    errors = [
+        (y - (g @ restored.t() + linear.bias)).abs().max()
+        for y, g in zip(groups, many.split(INT8_DYNAMIC_MAX_ROWS))
+    ]
+    assert errors[0] > 10 * max(errors[1:]) and max(errors[1:]) < 2 * error
 
 
 @pytest.mark.parametrize("activation", ["gelu_tanh", "gelu", "relu"])

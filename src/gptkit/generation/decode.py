@@ -73,7 +73,9 @@ def stream_ids(
         for _ in range(max_new_tokens):
             if cache is None:  # recompute the whole sequence each step (the reference path)
                 step_input = sequence
-            logits = model(step_input, attention_mask=mask, cache=cache).logits[:, -1, :]
+            # Only the last position is scored: a prompt's other rows never meet the output layer.
+            hidden = model(step_input, attention_mask=mask, cache=cache, compute_logits=False).hidden_states
+            logits = model.output_layer(hidden[:, -1, :])
             previous = sequence if params.repetition_penalty != 1.0 else None
             next_ids, ends = step(logits, params, generator, previous)
             next_ids = torch.where(finished, torch.full_like(next_ids, pad_token_id), next_ids)
