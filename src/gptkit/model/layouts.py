@@ -95,18 +95,19 @@ class Int8Linear(InferenceLinear):
         self.packed = fbgemm_pack(self.weight, self.scale, self.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.size(-1)).float()
-        on_cpu = rows.device.type == "cpu"
+        x = x.float()
+        on_cpu = x.device.type == "cpu"
         if on_cpu and self.packed is not None:
             # The activations quantized to 8 bits as they come, one scale for every
             # INT8_DYNAMIC_MAX_ROWS rows (a decoding batch: one call), an integer product reading
             # the packed matrix once a call, the bias added.
-            y = [
-                torch.ops.quantized.linear_dynamic(r, self.packed, True)
-                for r in rows.split(INT8_DYNAMIC_MAX_ROWS)
-            ]
-            return (y[0] if len(y) == 1 else torch.cat(y)).view(*x.shape[:-1], -1)
-        if on_cpu and self.packed is None and rows.size(0) < INT8_KERNEL_MAX_ROWS:
+            if x.numel() <= INT8_DYNAMIC_MAX_ROWS * x.size(-1):
+                return torch.ops.quantized.linear_dynamic(x, self.packed, True)
+            groups = x.reshape(-1, x.size(-1)).split(INT8_DYNAMIC_MAX_ROWS)
+            y = torch.cat([torch.ops.quantized.linear_dynamic(g, self.packed, True) for g in groups])
+            return y.view(*x.shape[:-1], -1)
+        rows = x.reshape(-1, x.size(-1))
+        if on_cpu and rows.size(0) < INT8_KERNEL_MAX_ROWS:
             # Without FBGEMM: PyTorch's weight-only kernel, which never materialises the matrix.
             y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scale)
         else:

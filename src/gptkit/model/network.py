@@ -43,15 +43,18 @@ class KVCache:
         shape = (config.n_layer, batch_size, config.n_head, capacity, config.head_size)
         self.keys = torch.zeros(shape, device=device, dtype=dtype)
         self.values = torch.zeros(shape, device=device, dtype=dtype)
+        # Each layer's (B, nh, capacity, hs) view, taken once: a decoding step appends 2 × n_layer times.
+        self._layers = list(zip(self.keys.unbind(0), self.values.unbind(0)))
         self.capacity = capacity
         self.length = 0
 
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store this step's k, v (B, nh, T, hs) for ``layer``; return all keys and values so far."""
+        keys, values = self._layers[layer]
         start, end = self.length, self.length + k.size(2)
-        self.keys[layer, :, :, start:end] = k
-        self.values[layer, :, :, start:end] = v
-        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+        keys.narrow(2, start, end - start).copy_(k)
+        values.narrow(2, start, end - start).copy_(v)
+        return keys.narrow(2, 0, end), values.narrow(2, 0, end)
 
     def advance(self, n_positions: int) -> None:
         self.length += n_positions
