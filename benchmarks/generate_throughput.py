@@ -48,7 +48,7 @@ from common import (
 )
 
 from gptkit import GPT, generate
-from gptkit.model.layouts import decoding_layout, has_decoding_layout, quantize_int8
+from gptkit.model.layouts import Int8Linear, decoding_layout, has_decoding_layout, quantize_int8
 
 PROMPT, NEW, REPEATS = 32, 128, 3
 PREFILL = 512  # the long prompt whose time to first token is measured
@@ -475,8 +475,8 @@ def memory_bandwidth() -> float:
 
 def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of the weights one decoding step reads: every matrix, bias and gain once (parameters,
-    int8 buffers, oneDNN-packed matrices), the token and position tables only where the tied
-    output layer reads the token table whole (a lookup reads one row of each)."""
+    int8 buffers, oneDNN- and FBGEMM-packed matrices), the token and position tables only where the
+    tied output layer reads the token table whole (a lookup reads one row of each)."""
     tables = {id(model.wpe.weight)} if hasattr(model, "wpe") else set()
     if getattr(model, "lm_head", None) is not None:  # the output layer has its own copy
         tables.add(id(model.wte.weight))
@@ -487,6 +487,9 @@ def weight_bytes(model: torch.nn.Module) -> int:
     ]
     # Packed (opaque) matrices have no storage to look at: their elements, at least what they hold.
     packed = sum(t.numel() * t.element_size() for t in tensors if t.is_mkldnn)
+    packed += sum(  # FBGEMM's int8 matrices: a byte an element
+        m.integers().numel() for m in model.modules() if isinstance(m, Int8Linear) and m.packed is not None
+    )
     # Tensors sharing storage are read once (the transposed fallback's embedding and output layer).
     unique = {
         t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if not t.is_mkldnn

@@ -34,10 +34,11 @@ def test_int8_linear_is_the_rounded_matrix_times_its_row_scales():
     quantized = Int8Linear(linear.weight, linear.bias)
     # The stored integers and scales reproduce each row within half a quantization step, plus the
     # rounding of the scale to bf16 (8 significant bits), which the kernel needs.
-    restored = quantized.weight.float() * quantized.scale.float()[:, None]
+    restored = quantized.integers().float() * quantized.scale.float()[:, None]
     step = linear.weight.abs().amax(dim=1, keepdim=True) / 127
     assert (restored - linear.weight).abs().le(step * 0.5 + restored.abs() * 2**-8).all()
-    assert quantized.weight.dtype == torch.int8 and quantized.weight.abs().max() == 127
+    integers = quantized.integers()
+    assert integers.dtype == torch.int8 and integers.abs().max() == 127
     # A few rows (decoding: the int8 kernel) and many (a prompt: the dequantized bf16 matrix).
     for x in (torch.randn(5, 3, 64), torch.randn(2, INT8_KERNEL_MAX_ROWS, 64)):
         expected = x @ restored.t() + linear.bias  # the dequantized product, by hand
@@ -57,7 +58,7 @@ def test_int8_rows_round_the_activations_to_8_bits_and_no_more():
     linear = torch.nn.Linear(256, 96)
     quantized = Int8Linear(linear.weight, linear.bias)
     assert quantized.packed is not None
-    restored = quantized.weight.float() * quantized.scale[:, None]
+    restored = quantized.integers().float() * quantized.scale[:, None]
     x = torch.randn(INT8_DYNAMIC_MAX_ROWS, 256)
     exact = x @ restored.t() + linear.bias
 

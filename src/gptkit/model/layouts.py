@@ -88,11 +88,19 @@ class Int8Linear(InferenceLinear):
         weight = weight.detach().float()
         # Symmetric per-row scale: the row's largest magnitude maps to 127 (a zero row stays zero).
         scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-        self.register_buffer("weight", torch.round(weight / scale[:, None]).to(torch.int8).contiguous())
+        integers = torch.round(weight / scale[:, None]).to(torch.int8).contiguous()
         self.register_buffer("scale", scale)
         self.register_buffer("bias", None if bias is None else bias.detach().float())
-        # The same integers and scales prepacked for FBGEMM's int8 product (None where it is missing).
-        self.packed = fbgemm_pack(self.weight, self.scale, self.bias)
+        # On a CPU with FBGEMM the integers are held once, prepacked for its int8 product; elsewhere
+        # as they are (``weight``, None when packed).
+        self.packed = fbgemm_pack(integers, scale, self.bias) if integers.device.type == "cpu" else None
+        self.register_buffer("weight", integers if self.packed is None else None)
+
+    def integers(self) -> torch.Tensor:
+        """The int8 matrix q (out, in)."""
+        if self.packed is None:
+            return self.weight
+        return torch.ops.quantized.linear_unpack(self.packed)[0].int_repr()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.float()
@@ -106,15 +114,15 @@ class Int8Linear(InferenceLinear):
             groups = x.reshape(-1, x.size(-1)).split(INT8_DYNAMIC_MAX_ROWS)
             y = torch.cat([torch.ops.quantized.linear_dynamic(g, self.packed, True) for g in groups])
             return y.view(*x.shape[:-1], -1)
-        rows = x.reshape(-1, x.size(-1))
+        rows, integers = x.reshape(-1, x.size(-1)), self.weight
         if on_cpu and rows.size(0) < INT8_KERNEL_MAX_ROWS:
             # Without FBGEMM: PyTorch's weight-only kernel, which never materialises the matrix.
-            y = torch.ops.aten._weight_int8pack_mm(rows, self.weight, self.scale)
+            y = torch.ops.aten._weight_int8pack_mm(rows, integers, self.scale)
         else:
             # A prompt's many rows (or not a CPU): the matrix dequantized once, in the dtype this
             # device multiplies fastest (bf16 where it is native), then one matrix product.
             dtype = matmul_dtype(rows.device)
-            y = (rows.to(dtype) @ (self.weight.to(dtype) * self.scale.to(dtype)[:, None]).t()).float()
+            y = (rows.to(dtype) @ (integers.to(dtype) * self.scale.to(dtype)[:, None]).t()).float()
         if self.bias is not None:
             y = y + self.bias
         return y.view(*x.shape[:-1], -1)
