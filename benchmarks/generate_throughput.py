@@ -20,13 +20,17 @@ bf16 weights are kept on CPUs without native bf16: decoding multiplies vectors b
 bf16 matrix products that crawl there, and half-size weights halve the memory read per token.
 A measurement running past common.TIME_LIMIT_S is reported as skipped. GPTKIT_BENCH_DEVICE=cuda (benchmarks/gpu.sh)
 runs the models on a GPU; the CPU-only formats (the decoding layout, int8) and runtimes are then skipped.
-`--quick`: one timed run a side and 32 new tokens, to check that every row runs.
+`--quick`: one timed run a side and 32 new tokens, to check that every row runs. `--avx2`: the same
+rows with PyTorch's kernels held to AVX2 (kept as generate_throughput_avx2): gptkit's bf16 decoding
+layout is then skipped (bf16 is not native). ONNX Runtime and llama.cpp pick their kernels from the
+CPU alone and keep their AVX-512 ones: against them gptkit's ratio is a lower bound.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -53,6 +57,16 @@ from gptkit.model.layouts import Int8Linear, decoding_layout, has_decoding_layou
 PROMPT, NEW, REPEATS = 32, 128, 3
 PREFILL = 512  # the long prompt whose time to first token is measured
 QUICK = False  # --quick: REPEATS 1, NEW 32
+# --avx2: what holds each of PyTorch's kernel libraries to AVX2, as on a CPU without AVX-512.
+AVX2_ONLY = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+}
+# ONNX Runtime and llama.cpp pick their kernels from the CPU alone and cannot be held to AVX2: with
+# --avx2 they keep this CPU's AVX-512 kernels, which puts gptkit's ratio to them at a lower bound.
+PEER_UNCAPPED = ", not held to AVX2 (its AVX-512 kernels)"
 # Tokens decoded after the long prompt when measuring memory: the peak is the load's or the prompt's;
 # a few steps show that decoding runs, and keep the nine fresh processes short.
 RSS_NEW = 8
@@ -178,6 +192,7 @@ def onnxruntime_rows(
     peer = f"onnxruntime {onnxruntime.__version__} (CPUExecutionProvider), past-key/value graph"
     if DEVICE != "cpu":
         return all_skipped(peer, "the installed onnxruntime runs on the CPU only")
+    peer += PEER_UNCAPPED if avx2_only() else ""
     from gptkit.export.onnx import export_onnx
 
     paths = {"fp32": export_onnx(model, Path(directory) / "decoder.onnx", past=True)}
@@ -198,7 +213,8 @@ def onnxruntime_rows(
         rows.append(
             compare(
                 int8,
-                f"onnxruntime {onnxruntime.__version__} quantize_dynamic (int8 weights, one scale a tensor)",
+                f"onnxruntime {onnxruntime.__version__} quantize_dynamic (int8 weights, one scale a tensor)"
+                + (PEER_UNCAPPED if avx2_only() else ""),
                 lambda: generate(ours["int8"], prompt, NEW, temperature=0),
                 lambda: onnxruntime_greedy(sessions["int8"], prompt),
                 False,
@@ -313,6 +329,7 @@ def llama_cpp_rows(
     peer = f"llama-cpp-python {llama_cpp.__version__} (CPU)"
     if DEVICE != "cpu":
         return all_skipped(peer, "measured on the CPU only")
+    peer += PEER_UNCAPPED if avx2_only() else ""
     tokenizer_dir = DATA / "gpt2_bpe"
     if not tokenizer_dir.is_dir():
         return all_skipped(peer, f"a GGUF file holds its tokenizer: GPT-2's is not at {tokenizer_dir}")
@@ -463,6 +480,11 @@ def peak_rss_rows(model_dir: str, peer_files: dict[str, Path]) -> tuple[list[dic
     return rows, measured
 
 
+def avx2_only() -> bool:
+    """Whether this run holds PyTorch to AVX2 (``--avx2``)."""
+    return all(os.environ.get(name) == value for name, value in AVX2_ONLY.items())
+
+
 def memory_bandwidth() -> float:
     """Bytes per second this machine moves in a large copy (read + write), best of 5: the limit that
     a decoding step, which reads every weight once, runs into."""
@@ -586,7 +608,7 @@ def main() -> None:
         comparisons.append(row)
         # int8 off the CPU: Int8Linear dequantizes the whole matrix, no fused kernel to measure.
         row, ours_int8 = optional(
-            "greedy new tok/s, GPT-2 small, gptkit int8 weights (bf16 activations)",
+            "greedy new tok/s, GPT-2 small, gptkit int8 weights (8-bit activations while decoding)",
             on_cpu,
             lambda: quantize_int8(GPT.from_pretrained(tmp)),
             False,
@@ -652,7 +674,7 @@ def main() -> None:
             except MeasurementTimeout as e:
                 comparisons.append(skipped(what, "tok/s", name, f"the measurement {e}"))
     emit(
-        "generate_throughput",
+        "generate_throughput_avx2" if avx2_only() else "generate_throughput",
         comparisons,
         device=DEVICE,
         prompt_tokens=PROMPT,
@@ -668,12 +690,21 @@ def main() -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
+        "--avx2",
+        action="store_true",
+        help="Hold PyTorch's kernels (ATen, oneDNN, FBGEMM, MKL) to AVX2, as on a CPU without AVX-512, "
+        "and keep the results as generate_throughput_avx2.",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help=f"One timed run per side (not {REPEATS}) and 32 new tokens (not {NEW}): a check that every row runs.",
     )
     parser.add_argument("--peak-rss", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)  # a worker
     args = parser.parse_args()
+    if args.avx2 and os.environ.get("ATEN_CPU_CAPABILITY") != "avx2":
+        # The caps are read when the libraries load: run again with them set.
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **AVX2_ONLY})
     if args.quick:
         REPEATS, NEW, QUICK = 1, 32, True
     if args.peak_rss:

@@ -33,6 +33,7 @@ AREAS = {
     "train_throughput": "Training",
     "time_to_quality": "Time to quality",
     "generate_throughput": "Decoding",
+    "generate_throughput_avx2": "Decoding, PyTorch held to AVX2",
     "serve_throughput": "Serving",
     "serve_classify": "Task serving",
     "serve_adapters_memory": "Many adapters, one base",
