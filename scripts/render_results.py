@@ -83,7 +83,8 @@ def title(record: dict) -> str:
         return f"The demo from published weights (`make demo INIT={record['init']}`)"
     if name in ("demo", "paper"):
         return AREAS[name]
-    return f"{AREAS.get(name, name)} (`benchmarks/{name}.py`)"
+    script, avx2, _ = name.partition("_avx2")  # generate_throughput.py --avx2 keeps generate_throughput_avx2
+    return f"{AREAS.get(name, name)} (`benchmarks/{script}.py{' --avx2' if avx2 else ''}`)"
 
 
 def table(record: dict) -> list[str]:
