@@ -10,7 +10,7 @@ import torch
 
 from gptkit import GPT, GPTConfig, hardware
 from gptkit.generation import generate, load_for_generation
-from gptkit.hardware import Support
+from gptkit.hardware import Support, onednn_packing_available, packs_for_onednn
 from gptkit.model import KVCache
 from gptkit.model import layouts as quantize
 from gptkit.model.layouts import (
@@ -21,9 +21,9 @@ from gptkit.model.layouts import (
     Int8Linear,
     PackedLinear,
     TransposedLinear,
+    WideningLinear,
     decoding_layout,
     has_decoding_layout,
-    onednn_packing_available,
     quantize_int8,
 )
 
@@ -187,7 +187,7 @@ def test_packed_linear_computes_what_nn_linear_does(rows):
 def test_decoding_layout_scores_and_decodes_like_the_original(ln_position, packing, tmp_path, monkeypatch):
     if packing and not onednn_packing_available():
         pytest.skip("this PyTorch lacks oneDNN's linear ops")
-    monkeypatch.setattr(quantize, "onednn_packing_available", lambda: packing)
+    monkeypatch.setattr(quantize, "packs_for_onednn", lambda dtype, device: packing)
     torch.manual_seed(0)
     config = GPTConfig(
         vocab_size=97, context_length=32, n_layer=2, n_head=2, d_model=32, ln_position=ln_position
@@ -214,7 +214,7 @@ def test_decoding_layout_scores_and_decodes_like_the_original(ln_position, packi
 
 
 @pytest.mark.skipif(
-    not has_decoding_layout(torch.bfloat16, torch.device("cpu")), reason="no native bf16 or oneDNN here"
+    not packs_for_onednn(torch.bfloat16, torch.device("cpu")), reason="no native bf16 or oneDNN here"
 )
 def test_bf16_decoding_layout_scores_and_decodes_like_the_bf16_original():
     torch.manual_seed(0)
@@ -240,8 +240,33 @@ def test_decoding_layout_refuses_what_it_is_not_for(monkeypatch):
     with pytest.raises(ValueError, match="not torch.float16 on cpu"):
         decoding_layout(GPT(GPTConfig.from_preset("tiny")).to(torch.float16))
     monkeypatch.setattr(hardware, "cpu_bf16_native", lambda: Support(False, "no bf16 here"))
-    assert not has_decoding_layout(torch.bfloat16, torch.device("cpu"))
+    assert has_decoding_layout(torch.bfloat16, torch.device("cpu"))
+    assert not packs_for_onednn(torch.bfloat16, torch.device("cpu"))
     assert not has_decoding_layout(torch.float32, torch.device("meta"))
+
+
+def test_bf16_without_native_bf16_multiplies_a_prompt_in_fp32(monkeypatch):
+    """Where bf16 is not native, the decoding layout keeps bf16 weights, multiplies a decoding
+    step's few rows in bf16 (as the plain model does) and a prompt's many in fp32 from the same bf16
+    numbers, the output layer sharing the lookup's table."""
+    monkeypatch.setattr(hardware, "cpu_bf16_native", lambda: Support(False, "no bf16 here"))
+    monkeypatch.setattr(hardware, "matmul_dtype", lambda device: torch.float32)
+    monkeypatch.setattr(quantize, "matmul_dtype", lambda device: torch.float32)
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=97, context_length=32, n_layer=2, n_head=2, d_model=32)
+    original = GPT(config).to(torch.bfloat16).eval()
+    decoding = decoding_layout(copy.deepcopy(original))
+    assert {type(b.mlp.c_fc) for b in decoding.h} == {WideningLinear}
+    assert decoding.lm_head.weight.data_ptr() == decoding.wte.weight.data_ptr()
+    linear = decoding.h[0].mlp.c_fc
+    w, b = linear.weight, linear.bias
+    few, many = torch.randn(1, 3, 32).bfloat16(), torch.randn(2, 12, 32).bfloat16()
+    with torch.no_grad():
+        assert torch.equal(linear(few), torch.nn.functional.linear(few, w, b))
+        widened = torch.nn.functional.linear(many.float(), w.float(), b.float()).bfloat16()
+        assert torch.equal(linear(many), widened)
+        ids = torch.randint(0, 97, (2, 12))
+        torch.testing.assert_close(decoding(ids).logits, original(ids).logits, rtol=2e-2, atol=2e-2)
 
 
 def test_load_for_generation_uses_the_decoding_layout_for_cpu_decoding_only(tmp_path, data_dir):
@@ -256,6 +281,4 @@ def test_load_for_generation_uses_the_decoding_layout_for_cpu_decoding_only(tmp_
     bf16, _ = load_for_generation(tmp_path, device="cpu", dtype="bfloat16")
     assert decoding.inference_layout == DECODING_LAYOUT
     assert scoring.inference_layout is None
-    assert bf16.inference_layout == (
-        DECODING_LAYOUT if has_decoding_layout(torch.bfloat16, torch.device("cpu")) else None
-    )
+    assert bf16.inference_layout == DECODING_LAYOUT

@@ -261,22 +261,25 @@ def fbgemm_pack(q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None)
 
 
 def has_decoding_layout(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether gptkit.model.layouts.decoding_layout applies: fp32 on a CPU, or bf16 on a CPU that
-    multiplies bf16 natively and can prepack for oneDNN (elsewhere bf16 weights stay as they are)."""
-    if device.type != "cpu":
+    """Whether gptkit.model.layouts.decoding_layout applies: fp32 or bf16 weights on a CPU."""
+    return device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
+
+
+def packs_for_onednn(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether the decoding layout prepacks ``dtype`` matrices for oneDNN on ``device``: fp32, or bf16
+    where the CPU multiplies it natively, on a CPU with PyTorch's oneDNN ops."""
+    if device.type != "cpu" or not onednn_packing_available():
         return False
-    if dtype == torch.float32:
-        return True
-    return dtype == torch.bfloat16 and onednn_packing_available() and cpu_bf16_native().native
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and cpu_bf16_native().native)
 
 
 def _decoding_product(weight: torch.Tensor):
-    """x ↦ x·Wᵀ as a CPU decoding step multiplies with these weights (gptkit.model.layouts.decoding_layout:
+    """x ↦ x·Wᵀ as a CPU decoding step multiplies a row by these weights (gptkit.model.layouts.decoding_layout:
     prepacked for oneDNN where it applies, fp32 transposed where oneDNN is missing, else as stored)."""
-    if has_decoding_layout(weight.dtype, weight.device):
-        if onednn_packing_available():
-            packed = onednn_pack(weight)
-            return lambda x: onednn_linear(x, packed, None)
+    if packs_for_onednn(weight.dtype, weight.device):
+        packed = onednn_pack(weight)
+        return lambda x: onednn_linear(x, packed, None)
+    if weight.dtype == torch.float32 and weight.device.type == "cpu":
         transposed = weight.t().contiguous()
         return lambda x: x @ transposed
     return lambda x: torch.nn.functional.linear(x, weight)
