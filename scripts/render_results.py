@@ -171,6 +171,7 @@ def keep(kind: str, source: Path, results: Path = RESULTS) -> Path:
     from common import machine
 
     from gptkit.hardware import describe
+    from gptkit.io import write_json
 
     run = json.loads(source.read_text(encoding="utf-8"))
     record = {
@@ -199,7 +200,7 @@ def keep(kind: str, source: Path, results: Path = RESULTS) -> Path:
     target = results / (
         f"{kind}.json" if not record.get("init") else f"{kind}-{Path(record['init']).name}.json"
     )
-    target.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    write_json(target, record)
     return target
 
 

@@ -76,11 +76,16 @@ class CausalSelfAttention(nn.Module):
         cache: KVCache | None = None,
         layer: int = 0,
     ) -> torch.Tensor:
+        return self.resid_dropout(self.c_proj(self.attend(x, mask, cache, layer)))
+
+    def attend(
+        self, x: torch.Tensor, mask: torch.Tensor | None, cache: KVCache | None = None, layer: int = 0
+    ) -> torch.Tensor:
+        """The heads' outputs before the output projection, (B, T, C)."""
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        # (B, T, 3C) → q, k, v, each (B, nh, T, hs): one view and one permute for the three.
+        qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
         past = 0
         if cache is not None:
             past = cache.length
@@ -96,8 +101,7 @@ class CausalSelfAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             is_causal=mask is None and past == 0,
         )
-        y = y.transpose(1, 2).contiguous().view(B, T, C).to(x.dtype)
-        return self.resid_dropout(self.c_proj(y))
+        return y.transpose(1, 2).contiguous().view(B, T, C).to(x.dtype)
 
 
 ACTIVATIONS = {
