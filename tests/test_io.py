@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 
-from gptkit.io import read_json, write_json
+import pytest
+import torch
+
+from gptkit.io import read_json, read_safetensors, save_safetensors, write_json
 
 
 def test_atomic_write_flushes_the_file_before_its_rename_and_the_rename_after(tmp_path, monkeypatch):
@@ -30,3 +33,25 @@ def test_atomic_write_flushes_the_file_before_its_rename_and_the_rename_after(tm
     monkeypatch.setenv("GPTKIT_FSYNC", "0")  # throwaway runs: renamed, not flushed
     write_json(tmp_path / "latest.json", {"step": 4})
     assert events == ["rename"] and read_json(tmp_path / "latest.json") == {"step": 4}
+
+
+def _mappings_of(path) -> int:
+    """How many of this process's memory mappings are of ``path`` (Linux's /proc/self/maps)."""
+    return sum(line.rstrip().endswith(str(path)) for line in open("/proc/self/maps"))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux's /proc/self/maps")
+def test_each_tensor_read_from_safetensors_leaves_memory_when_it_is_dropped(tmp_path):
+    """Each tensor is mapped on its own, so a loader that copies tensors one at a time and drops
+    each holds the file's pages one tensor at a time, never the whole file beside the model."""
+    path = (tmp_path / "weights.safetensors").resolve()
+    saved = {f"t{i}": torch.randn(64, 32) for i in range(4)}
+    save_safetensors(saved, path)
+    tensors = read_safetensors(path)
+    assert _mappings_of(path) == 4
+    copies = {}
+    for name in list(tensors):
+        copies[name] = tensors.pop(name).clone()
+        assert _mappings_of(path) == len(tensors)
+    for name, tensor in saved.items():
+        assert torch.equal(copies[name], tensor)

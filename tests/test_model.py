@@ -92,6 +92,39 @@ def test_pytorch_bin_checkpoint_loads(tmp_path):
         torch.testing.assert_close(ours(ids).logits, reference(ids).logits, atol=1e-4, rtol=0)
 
 
+def test_from_pretrained_copies_each_tensor_of_the_file_into_memory_of_its_own(tmp_path):
+    """Loading builds shapes only, then copies the file's tensors in: the parameters are the saved
+    ones (in the dtype asked for), contiguous and trainable, and no random initialisation draws
+    from the caller's generator."""
+    torch.manual_seed(0)
+    saved = GPT(GPTConfig.from_preset("tiny", dropout=0.0))
+    randomize_layer_norms(saved)
+    saved.save_pretrained(tmp_path)
+    expected = saved.state_dict()
+
+    generator_state = torch.random.get_rng_state()
+    loaded = GPT.from_pretrained(tmp_path)
+    assert torch.equal(torch.random.get_rng_state(), generator_state)
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(tensor, expected[name]), name
+        assert tensor.device.type == "cpu" and tensor.is_contiguous(), name
+    assert all(p.requires_grad for p in loaded.parameters())
+
+    # The parameters are the model's own memory, not the file's pages: training writes them, and
+    # the file still holds what was saved.
+    loaded.train()
+    optimizer = torch.optim.SGD(loaded.parameters(), lr=0.1)
+    loaded(torch.randint(0, 512, (2, 8)), labels=torch.randint(0, 512, (2, 8))).loss.backward()
+    optimizer.step()
+    assert not torch.equal(loaded.h[0].mlp.c_fc.weight, expected["h.0.mlp.c_fc.weight"])
+    again = GPT.from_pretrained(tmp_path)
+    assert torch.equal(again.h[0].mlp.c_fc.weight, expected["h.0.mlp.c_fc.weight"])
+
+    in_bf16 = GPT.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    for name, tensor in in_bf16.state_dict().items():
+        assert torch.equal(tensor, expected[name].to(torch.bfloat16)), name
+
+
 def test_loss_is_mean_next_token_negative_log_likelihood():
     """L1 = Σ log P(u_i | u_<i) (eq. 1): computed here position by position, by hand."""
     model = GPT(GPTConfig.from_preset("tiny", dropout=0.0)).eval()

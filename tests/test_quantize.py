@@ -28,10 +28,16 @@ from gptkit.model.layouts import (
 )
 
 
-def test_int8_linear_is_the_rounded_matrix_times_its_row_scales():
+def test_int8_linear_is_the_rounded_matrix_times_its_row_scales(monkeypatch):
     torch.manual_seed(0)
     linear = torch.nn.Linear(64, 48)
+    monkeypatch.setattr(quantize, "QUANTIZE_ROWS_AT_ONCE", 5)  # quantized in uneven groups of rows
     quantized = Int8Linear(linear.weight, linear.bias)
+    # Each row: its largest magnitude maps to 127, every entry to the nearest multiple of that step.
+    row_scale = linear.weight.detach().abs().amax(dim=1) / 127
+    torch.testing.assert_close(quantized.scale, row_scale, atol=0, rtol=1e-6)
+    by_hand = torch.round(linear.weight.detach() / quantized.scale[:, None]).to(torch.int8)
+    assert torch.equal(quantized.integers(), by_hand)
     # The stored integers and fp32 scales reproduce each row within half a quantization step.
     restored = quantized.integers().float() * quantized.scale.float()[:, None]
     step = linear.weight.abs().amax(dim=1, keepdim=True) / 127

@@ -128,15 +128,27 @@ RESAVE_ADVICE = "re-download or re-save it"
 
 
 def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """The tensors of a ``.safetensors`` file; a damaged file is a ValueError that names it."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    """The tensors of a ``.safetensors`` file; a damaged file is a ValueError that names it.
+
+    The tensors are mapped from the file, not read: a page is read when a tensor is first used, and
+    each tensor has a mapping of its own, so its pages leave memory as soon as it is dropped. A
+    loader that copies the tensors one at a time and drops each (``GPT.from_pretrained``) holds the
+    model once, not twice (with one mapping for the whole file, every page read stays resident until
+    the last tensor is dropped).
+    """
+    from safetensors import SafetensorError, safe_open
 
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     try:
-        return load_file(path)
+        with safe_open(path, framework="pt") as file:
+            names = list(file.keys())
+        tensors = {}
+        for name in names:
+            with safe_open(path, framework="pt") as file:  # this tensor's own mapping
+                tensors[name] = file.get_tensor(name)
+        return tensors
     except SafetensorError as e:
         raise ValueError(
             f"{path}: cannot be read ({e}): the file is truncated or not a safetensors file; {RESAVE_ADVICE}"

@@ -61,6 +61,8 @@ INT8_KERNEL_MAX_ROWS = 128
 # batch in one, a prompt in several, each reading the matrix again (a 512-token prompt of GPT-2 small
 # took 0.22 s against 0.35 s through the dequantized matrix).
 INT8_DYNAMIC_MAX_ROWS = 16
+# Int8Linear quantizes this many rows at a time (4 MB of fp32 temporaries for GPT-2's 768 columns).
+QUANTIZE_ROWS_AT_ONCE = 1024
 # oneDNN's post-op (name, algorithm) for each activation of ACTIVATIONS, fused into the product.
 ONEDNN_ACTIVATIONS = {"gelu_tanh": ("gelu", "tanh"), "gelu": ("gelu", "none"), "relu": ("relu", "")}
 # WideningLinear multiplies up to this many rows in bf16, more in fp32 (bf16 weights, bf16 not native).
@@ -89,10 +91,17 @@ class Int8Linear(InferenceLinear):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
-        weight = weight.detach().float()
-        # Symmetric per-row scale: the row's largest magnitude maps to 127 (a zero row stays zero).
-        scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127.0
-        integers = torch.round(weight / scale[:, None]).to(torch.int8).contiguous()
+        weight = weight.detach()
+        integers = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
+        scale = torch.empty(weight.size(0), dtype=torch.float32, device=weight.device)
+        # A few rows at a time, so that the fp32 temporaries stay small (for GPT-2's output layer,
+        # whole-matrix ones would add twice its 154 MB to the peak memory of loading a model).
+        for start in range(0, weight.size(0), QUANTIZE_ROWS_AT_ONCE):
+            rows = weight[start : start + QUANTIZE_ROWS_AT_ONCE].float()
+            # Symmetric per-row scale: the row's largest magnitude maps to 127 (a zero row stays zero).
+            row_scale = rows.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+            scale[start : start + rows.size(0)] = row_scale
+            integers[start : start + rows.size(0)] = torch.round(rows / row_scale[:, None])
         self.register_buffer("scale", scale)
         self.register_buffer("bias", None if bias is None else bias.detach().float())
         # On a CPU with FBGEMM the integers are held once, prepacked for its int8 product; elsewhere

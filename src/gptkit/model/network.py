@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from gptkit.config import IGNORE_INDEX, GPTConfig
 from gptkit.model.positions import sinusoidal_positions
@@ -349,15 +350,26 @@ class GPT(nn.Module):
         record it. The model is returned in eval mode.
         """
         weights = read_pretrained(source, n_head=n_head)
-        model = cls(weights.config)
-        model._load_checked(weights.state, weights.origin)
-        if dtype is not None or device is not None:
-            model = model.to(device=device, dtype=dtype)
+        with _ShapesOnly():  # no memory, and no random initialisation of weights about to be replaced
+            model = cls(weights.config)
+        model._load_checked(weights.state, weights.origin, dtype=dtype, device=device)
         return model.eval()
 
-    def _load_checked(self, state: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
-        """Copy ``state`` (our parameter names) in; a missing, unexpected or misshapen tensor is a
-        ValueError naming ``source``, the file it came from."""
+    def _load_checked(
+        self,
+        state: dict[str, torch.Tensor],
+        source: str = "checkpoint",
+        *,
+        dtype: torch.dtype | None = None,
+        device: str | torch.device | None = None,
+    ) -> None:
+        """Make ``state`` (our parameter names) this model's parameters, floating-point ones in
+        ``dtype`` (default: the model's own), on ``device`` (default: the CPU); the model may be on
+        the meta device. A missing, unexpected or misshapen tensor is a ValueError naming ``source``,
+        the file it came from. ``state`` is emptied as its tensors are copied: each one is dropped
+        before the next is read, so a file's pages (:func:`gptkit.io.read_safetensors`) are resident
+        one tensor at a time, and the load's peak is about the model's size, not twice it.
+        """
         expected = self.state_dict()
         missing = sorted(set(expected) - set(state))
         unexpected = sorted(set(state) - set(expected))
@@ -372,7 +384,17 @@ class GPT(nn.Module):
                 raise ValueError(
                     f"{source}: {name} has shape {tuple(tensor.shape)}, the config expects {tuple(expected[name].shape)}"
                 )
-        self.load_state_dict(state, strict=True)
+        device = torch.device(device or "cpu")
+        loaded = {}
+        for name, like in expected.items():
+            tensor = state.pop(name)
+            target = dtype if dtype is not None and like.is_floating_point() else like.dtype
+            loaded[name] = torch.empty(like.shape, dtype=target, device=device).copy_(tensor)
+            del tensor
+        self.load_state_dict(loaded, strict=True, assign=True)
+        if self.config.position_encoding == "sinusoidal":  # the one buffer: computed, never saved
+            table = sinusoidal_positions(self.config.context_length, self.config.d_model)
+            self.sinusoids = table.to(device=device, dtype=dtype or table.dtype)
 
     def save_pretrained(self, directory: str | Path) -> None:
         """Write ``config.json`` and ``model.safetensors`` in the Hugging Face format."""
@@ -381,6 +403,27 @@ class GPT(nn.Module):
                 f"this model's weights are in an inference-only format ({self.inference_layout}): save the original"
             )
         save_state_dict(self.config, self.state_dict(), directory)
+
+
+class _ShapesOnly(TorchFunctionMode):
+    """Modules built inside are shapes only: their tensors on the meta device, torch.nn.init's random
+    initialisation skipped (its meta kernels would import much of PyTorch's Python decomposition
+    library, about 75 MB resident for the life of the process)."""
+
+    def __enter__(self):
+        self._meta = torch.device("meta")
+        self._meta.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        return self._meta.__exit__(*exc)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]  # the tensor, left as it is
+        return func(*args, **kwargs)
 
 
 def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
