@@ -350,7 +350,7 @@ class GPT(nn.Module):
         record it. The model is returned in eval mode.
         """
         weights = read_pretrained(source, n_head=n_head)
-        with _ShapesOnly():  # no memory, and no random initialisation of weights about to be replaced
+        with torch.device("meta"), _SkipInit():  # shapes only: every tensor is the file's, copied next
             model = cls(weights.config)
         model._load_checked(weights.state, weights.origin, dtype=dtype, device=device)
         return model.eval()
@@ -405,19 +405,10 @@ class GPT(nn.Module):
         save_state_dict(self.config, self.state_dict(), directory)
 
 
-class _ShapesOnly(TorchFunctionMode):
-    """Modules built inside are shapes only: their tensors on the meta device, torch.nn.init's random
-    initialisation skipped (its meta kernels would import much of PyTorch's Python decomposition
-    library, about 75 MB resident for the life of the process)."""
-
-    def __enter__(self):
-        self._meta = torch.device("meta")
-        self._meta.__enter__()
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        super().__exit__(*exc)
-        return self._meta.__exit__(*exc)
+class _SkipInit(TorchFunctionMode):
+    """torch.nn.init's functions leave their tensor as it is: for modules built on the meta device,
+    whose meta kernels for random initialisation would import much of PyTorch's Python
+    decomposition library (about 75 MB resident for the life of the process)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
