@@ -53,7 +53,7 @@ from common import (
 
 from gptkit import GPT, generate
 from gptkit.hardware import packs_for_onednn
-from gptkit.model.layouts import Int8Linear, decoding_layout, has_decoding_layout, quantize_int8
+from gptkit.model.layouts import Int8Linear, decoding_layout, has_decoding_layout, load_int8
 
 PROMPT, NEW, REPEATS = 32, 128, 3
 PREFILL = 512  # the long prompt whose time to first token is measured
@@ -405,11 +405,12 @@ def peak_rss_worker(kind: str, path: str) -> None:
     prompt = torch.randint(0, 50257, (1, PREFILL), generator=torch.Generator().manual_seed(0))
     if runtime == "gptkit":
         dtype = torch.bfloat16 if fmt == "bf16" else torch.float32
-        loaded = GPT.from_pretrained(path, dtype=dtype)
         if fmt == "int8":
-            loaded = quantize_int8(loaded)
-        elif has_decoding_layout(dtype, torch.device("cpu")):
-            loaded = decoding_layout(loaded)
+            loaded = load_int8(path)  # as load_for_generation: each block quantized as it is read
+        else:
+            loaded = GPT.from_pretrained(path, dtype=dtype)
+            if has_decoding_layout(dtype, torch.device("cpu")):
+                loaded = decoding_layout(loaded)
         generate(loaded, prompt, RSS_NEW, temperature=0)
     elif runtime == "onnxruntime":
         loaded = onnxruntime_session(path)
@@ -612,7 +613,7 @@ def main() -> None:
         row, ours_int8 = optional(
             "greedy new tok/s, GPT-2 small, gptkit int8 weights (8-bit activations while decoding)",
             on_cpu,
-            lambda: quantize_int8(GPT.from_pretrained(tmp)),
+            lambda: load_int8(tmp),
             False,
         )
         comparisons.append(row)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -90,6 +91,51 @@ def test_pytorch_bin_checkpoint_loads(tmp_path):
     ids = torch.randint(0, TINY["vocab_size"], (2, 10))
     with torch.no_grad():
         torch.testing.assert_close(ours(ids).logits, reference(ids).logits, atol=1e-4, rtol=0)
+
+
+def test_from_pretrained_converts_each_block_before_the_next_is_read(tmp_path):
+    """convert_block sees block i with its saved weights while the later blocks are still shapes
+    only (no memory), and its result takes the block's place."""
+    torch.manual_seed(0)
+    saved = GPT(GPTConfig.from_preset("tiny", dropout=0.0))
+    saved.save_pretrained(tmp_path)
+    built, seen = [], []
+
+    class Remembered(GPT):  # the model being loaded, to look at its later blocks
+        def __init__(self, config):
+            super().__init__(config)
+            built.append(self)
+
+    def convert(block):
+        i = len(seen)
+        assert torch.equal(block.mlp.c_fc.weight, saved.h[i].mlp.c_fc.weight)
+        assert all(p.is_meta for later in built[0].h[i + 1 :] for p in later.parameters())
+        seen.append(block)
+        return torch.nn.Identity()
+
+    loaded = Remembered.from_pretrained(tmp_path, convert_block=convert)
+    assert len(seen) == saved.config.n_layer
+    assert all(isinstance(block, torch.nn.Identity) for block in loaded.h)
+    assert torch.equal(loaded.wte.weight, saved.wte.weight)
+    assert not any(p.is_meta for p in loaded.parameters())
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads Linux's /proc/self/maps")
+def test_from_pretrained_lets_go_of_each_tensor_of_the_file_once_copied(tmp_path):
+    """Each tensor read from model.safetensors has a mapping of the file of its own (gptkit.io): once
+    the tensors outside the blocks are copied, only the blocks' are still mapped, so the pages of
+    the embedding (GPT-2's largest tensor) have left memory while the blocks load."""
+    saved = GPT(GPTConfig.from_preset("tiny"))
+    saved.save_pretrained(tmp_path)
+    file = str(tmp_path / "model.safetensors")
+    still_mapped = []
+
+    def count_mappings(model):
+        maps = Path("/proc/self/maps").read_text().splitlines()
+        still_mapped.append(sum(line.endswith(file) for line in maps))
+
+    GPT.from_pretrained(tmp_path, convert_embeddings=count_mappings)
+    assert still_mapped == [sum(name.startswith("h.") for name in saved.state_dict())]
 
 
 def test_from_pretrained_copies_each_tensor_of_the_file_into_memory_of_its_own(tmp_path):

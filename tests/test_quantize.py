@@ -24,6 +24,7 @@ from gptkit.model.layouts import (
     WideningLinear,
     decoding_layout,
     has_decoding_layout,
+    load_int8,
     quantize_int8,
 )
 
@@ -158,6 +159,23 @@ def test_quantized_model_scores_and_decodes_like_the_original():
     assert {type(b.mlp.c_fc) for b in quantized.h} == {Int8Linear}
     with pytest.raises(ValueError, match=r"inference-only format \(int8\)"):
         quantized.save_pretrained("unused")
+
+
+def test_load_int8_quantizes_as_quantize_int8_does_after_loading(tmp_path):
+    """Each block quantized as it is read: the same integers, scales and logits as quantizing the
+    loaded fp32 model."""
+    torch.manual_seed(0)
+    GPT(GPTConfig.from_preset("tiny")).save_pretrained(tmp_path)
+    streamed, after = load_int8(tmp_path), quantize_int8(GPT.from_pretrained(tmp_path))
+    assert streamed.inference_layout == after.inference_layout == "int8"
+    assert all(isinstance(block, FusedBlock) for block in streamed.h)
+    for (name, ours), (_, theirs) in zip(streamed.named_modules(), after.named_modules(), strict=True):
+        if isinstance(ours, Int8Linear):
+            assert torch.equal(ours.integers(), theirs.integers()), name
+            assert torch.equal(ours.scale, theirs.scale), name
+    ids = torch.randint(0, 512, (2, 12))
+    with torch.no_grad():
+        assert torch.equal(streamed(ids).logits, after(ids).logits)
 
 
 def test_transposed_linear_computes_what_nn_linear_does():

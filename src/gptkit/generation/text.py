@@ -30,7 +30,7 @@ from gptkit.hardware import (
     resolve_precision,
 )
 from gptkit.model import GPT
-from gptkit.model.layouts import QUANTIZATIONS, decoding_layout, quantize_int8
+from gptkit.model.layouts import QUANTIZATIONS, decoding_layout, load_int8
 from gptkit.tokenizer import END_OF_TEXT, GPT1_SPECIAL_TOKENS, Tokenizer
 
 
@@ -109,11 +109,13 @@ def load_for_generation(
         choice = resolve_precision(dtype, torch_device, "decoding" if decoding else "scoring")
     if verbose:
         print(f"device: {torch_device}; dtype: {choice.reason}", file=sys.stderr, flush=True)
-    model = GPT.from_pretrained(model_dir, dtype=choice.dtype, device=str(torch_device))
     if quantize == "int8":
-        model = quantize_int8(model)
-    elif decoding and has_decoding_layout(choice.dtype, torch_device):
-        model = decoding_layout(model)  # the same values, streamed faster on this CPU (gptkit.model.layouts)
+        model = load_int8(model_dir, device=torch_device)  # each block quantized as it is read
+    else:
+        model = GPT.from_pretrained(model_dir, dtype=choice.dtype, device=str(torch_device))
+        if decoding and has_decoding_layout(choice.dtype, torch_device):
+            # The same values, streamed faster on this CPU (gptkit.model.layouts).
+            model = decoding_layout(model)
     tokenizer = Tokenizer.from_pretrained(tokenizer_dir or model_dir)
     return model, tokenizer
 

@@ -3,7 +3,7 @@
 Decoding one token multiplies a vector by every weight matrix once, so its speed is bounded by how
 fast the weights stream from memory. Two formats take that bound further than ``nn.Linear``'s:
 
-* **int8** (``quantize_int8``): each matrix as int8 with one scale per output row
+* **int8** (``quantize_int8``, or ``load_int8`` while loading): each matrix as int8 with one scale per output row
   (w ≈ scale_row · q, q ∈ [-127, 127]) reads a quarter of fp32's bytes. On a CPU with FBGEMM
   (x86-64) every product goes through its dynamically quantized kernel: the activations rounded to
   8 bits as they come, one scale for every ``INT8_DYNAMIC_MAX_ROWS`` rows. Without it, PyTorch's
@@ -31,6 +31,7 @@ Both are for inference only: such a model is not trained or saved (nor, packed, 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -141,16 +142,24 @@ class Int8Linear(InferenceLinear):
         return y.view(*x.shape[:-1], -1)
 
 
+def _replace_linears(block: Block, convert: Callable[[nn.Linear], nn.Module]) -> Block:
+    """Put ``convert(linear)`` in place of the block's four Linears (attention in/out, MLP in/out)
+    that are still ``nn.Linear``s; return the block."""
+    for parent, name in (
+        (block.attn, "c_attn"),
+        (block.attn, "c_proj"),
+        (block.mlp, "c_fc"),
+        (block.mlp, "c_proj"),
+    ):
+        linear = getattr(parent, name)
+        if isinstance(linear, nn.Linear):
+            setattr(parent, name, convert(linear))
+    return block
+
+
 def _replace_block_linears(model: GPT, convert: Callable[[nn.Linear], nn.Module]) -> None:
-    """Put ``convert(linear)`` in place of each block's four Linears (attention in/out, MLP in/out)."""
     for block in model.h:
-        for parent, name in (
-            (block.attn, "c_attn"),
-            (block.attn, "c_proj"),
-            (block.mlp, "c_fc"),
-            (block.mlp, "c_proj"),
-        ):
-            setattr(parent, name, convert(getattr(parent, name)))
+        _replace_linears(block, convert)
 
 
 class FusedBlock(Block):
@@ -179,19 +188,52 @@ class FusedBlock(Block):
 
 def _fuse_blocks(model: GPT) -> None:
     for i, block in enumerate(model.h):
-        model.h[i] = FusedBlock(block, model.config.activation)
+        if not isinstance(block, FusedBlock):
+            model.h[i] = FusedBlock(block, model.config.activation)
+
+
+def _int8_linear(linear: nn.Linear) -> Int8Linear:
+    return Int8Linear(linear.weight, linear.bias)
+
+
+def _int8_block(block: Block) -> Block:
+    return _replace_linears(block, _int8_linear)
+
+
+def _int8_output_layer(model: GPT) -> None:
+    """The tied output layer as its own int8 copy, and the token lookup table in bf16: a step looks
+    up one row, added to fp32 positions, fp32 from there on."""
+    model.lm_head = Int8Linear(model.wte.weight)
+    model.wte.to(torch.bfloat16)
 
 
 def quantize_int8(model: GPT) -> GPT:
     """Quantize ``model`` in place (and return it): int8 weights in every Linear of the blocks and
     in the output layer, fp32 activations (LayerNorms, biases, attention, the residual stream), and
     the token lookup table in bf16 (each step reads one row of it; the output layer has its own
-    int8 copy)."""
+    int8 copy). To load a model and quantize it, :func:`load_int8` holds less memory on the way."""
     model.float().eval()
-    _replace_block_linears(model, lambda linear: Int8Linear(linear.weight, linear.bias))
+    _replace_block_linears(model, _int8_linear)
+    _int8_output_layer(model)
     _fuse_blocks(model)
-    model.lm_head = Int8Linear(model.wte.weight)  # the tied output layer
-    model.wte.to(torch.bfloat16)  # rows looked up, added to fp32 positions: fp32 from there on
+    model.inference_layout = "int8"
+    return model
+
+
+def load_int8(source: str | Path, *, device: str | torch.device | None = None, n_head: int = 12) -> GPT:
+    """``quantize_int8(GPT.from_pretrained(source))`` with less memory on the way: the output layer
+    is quantized as soon as the embedding is read, then each block as soon as it is read, so the
+    load holds the fp32 embedding or one fp32 block beside what is already int8, never the whole
+    fp32 model. The same numbers: every weight is read in fp32 and rounded once."""
+    model = GPT.from_pretrained(
+        source,
+        dtype=torch.float32,
+        device=device,
+        n_head=n_head,
+        convert_embeddings=_int8_output_layer,
+        convert_block=_int8_block,
+    )
+    _fuse_blocks(model)
     model.inference_layout = "int8"
     return model
 

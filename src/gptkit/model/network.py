@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -342,17 +343,32 @@ class GPT(nn.Module):
         dtype: torch.dtype | None = None,
         device: str | torch.device | None = None,
         n_head: int = 12,
+        convert_embeddings: Callable[[GPT], None] | None = None,
+        convert_block: Callable[[Block], nn.Module] | None = None,
     ) -> GPT:
         """Load a Hugging Face-format directory, a gptkit directory, or OpenAI's original GPT-1 release.
 
         A name such as ``"gpt2"`` that is not a local directory is downloaded from the Hugging Face Hub
         (needs ``huggingface_hub`` and a network). ``n_head`` is for OpenAI's release, which does not
         record it. The model is returned in eval mode.
+
+        An inference layout can be applied while loading (:func:`gptkit.model.layouts.load_int8`), so
+        that the load never holds the whole model in the file's precision: ``convert_embeddings(model)``
+        runs once the tensors outside the blocks are in (the blocks are still shapes only), and
+        ``convert_block(block)`` replaces each block as soon as its weights are in, before the next
+        is read.
         """
         weights = read_pretrained(source, n_head=n_head)
         with torch.device("meta"), _SkipInit():  # shapes only: every tensor is the file's, copied next
             model = cls(weights.config)
-        model._load_checked(weights.state, weights.origin, dtype=dtype, device=device)
+        model._load_checked(
+            weights.state,
+            weights.origin,
+            dtype=dtype,
+            device=device,
+            convert_embeddings=convert_embeddings,
+            convert_block=convert_block,
+        )
         return model.eval()
 
     def _load_checked(
@@ -362,13 +378,17 @@ class GPT(nn.Module):
         *,
         dtype: torch.dtype | None = None,
         device: str | torch.device | None = None,
+        convert_embeddings: Callable[[GPT], None] | None = None,
+        convert_block: Callable[[Block], nn.Module] | None = None,
     ) -> None:
         """Make ``state`` (our parameter names) this model's parameters, floating-point ones in
         ``dtype`` (default: the model's own), on ``device`` (default: the CPU); the model may be on
         the meta device. A missing, unexpected or misshapen tensor is a ValueError naming ``source``,
         the file it came from. ``state`` is emptied as its tensors are copied: each one is dropped
         before the next is read, so a file's pages (:func:`gptkit.io.read_safetensors`) are resident
-        one tensor at a time, and the load's peak is about the model's size, not twice it.
+        one tensor at a time, and the load's peak is about the model's size, not twice it. The
+        tensors outside the blocks are loaded first, then ``convert_embeddings(self)`` is called, then
+        the blocks one at a time, each replaced by ``convert_block(block)`` (see from_pretrained).
         """
         expected = self.state_dict()
         missing = sorted(set(expected) - set(state))
@@ -379,22 +399,36 @@ class GPT(nn.Module):
                 + (f"; missing: {', '.join(missing[:8])}" if missing else "")
                 + (f"; unexpected: {', '.join(unexpected[:8])}" if unexpected else "")
             )
-        for name, tensor in state.items():
-            if tensor.shape != expected[name].shape:
+        for name in state:  # no variable left holding a tensor: each is dropped once copied
+            if state[name].shape != expected[name].shape:
                 raise ValueError(
-                    f"{source}: {name} has shape {tuple(tensor.shape)}, the config expects {tuple(expected[name].shape)}"
+                    f"{source}: {name} has shape {tuple(state[name].shape)}, the config expects {tuple(expected[name].shape)}"
                 )
         device = torch.device(device or "cpu")
-        loaded = {}
-        for name, like in expected.items():
-            tensor = state.pop(name)
-            target = dtype if dtype is not None and like.is_floating_point() else like.dtype
-            loaded[name] = torch.empty(like.shape, dtype=target, device=device).copy_(tensor)
-            del tensor
-        self.load_state_dict(loaded, strict=True, assign=True)
+
+        def copied(names: list[str], prefix: str = "") -> dict[str, torch.Tensor]:
+            loaded = {}
+            for name in names:
+                like, tensor = expected.pop(name), state.pop(name)
+                target = dtype if dtype is not None and like.is_floating_point() else like.dtype
+                memory = torch.empty(like.shape, dtype=target, device=device)
+                loaded[name.removeprefix(prefix)] = memory.copy_(tensor)
+                del tensor
+            return loaded
+
+        # What is outside the blocks first (the embeddings, the final LayerNorm), then block by block.
+        outside_blocks = [name for name in expected if not name.startswith("h.")]
+        self.load_state_dict(copied(outside_blocks), strict=False, assign=True)
         if self.config.position_encoding == "sinusoidal":  # the one buffer: computed, never saved
             table = sinusoidal_positions(self.config.context_length, self.config.d_model)
             self.sinusoids = table.to(device=device, dtype=dtype or table.dtype)
+        if convert_embeddings is not None:
+            convert_embeddings(self)
+        for i, block in enumerate(self.h):
+            prefix = f"h.{i}."
+            block.load_state_dict(copied([n for n in expected if n.startswith(prefix)], prefix), assign=True)
+            if convert_block is not None:
+                self.h[i] = convert_block(block)
 
     def save_pretrained(self, directory: str | Path) -> None:
         """Write ``config.json`` and ``model.safetensors`` in the Hugging Face format."""
