@@ -34,6 +34,7 @@ AREAS = {
     "time_to_quality": "Time to quality",
     "generate_throughput": "Decoding",
     "generate_throughput_avx2": "Decoding, PyTorch held to AVX2",
+    "generate_throughput_avx2_cpu": "Decoding on a CPU without AVX-512",
     "serve_throughput": "Serving",
     "serve_classify": "Task serving",
     "serve_adapters_memory": "Many adapters, one base",
@@ -83,8 +84,10 @@ def title(record: dict) -> str:
         return f"The demo from published weights (`make demo INIT={record['init']}`)"
     if name in ("demo", "paper"):
         return AREAS[name]
-    script, avx2, _ = name.partition("_avx2")  # generate_throughput.py --avx2 keeps generate_throughput_avx2
-    return f"{AREAS.get(name, name)} (`benchmarks/{script}.py{' --avx2' if avx2 else ''}`)"
+    # generate_throughput.py keeps generate_throughput_avx2 with --avx2, generate_throughput_avx2_cpu
+    # on a CPU without AVX-512.
+    script = name.partition("_avx2")[0]
+    return f"{AREAS.get(name, name)} (`benchmarks/{script}.py{' --avx2' if name.endswith('_avx2') else ''}`)"
 
 
 def table(record: dict) -> list[str]:

@@ -45,6 +45,7 @@ from gptkit.hardware import (
     onednn_linear_add,
     onednn_pack,
     packs_for_onednn,
+    release_freed_memory,
 )
 from gptkit.model.network import ACTIVATIONS, GPT, Block, KVCache
 
@@ -197,7 +198,9 @@ def _int8_linear(linear: nn.Linear) -> Int8Linear:
 
 
 def _int8_block(block: Block) -> Block:
-    return _replace_linears(block, _int8_linear)
+    block = _replace_linears(block, _int8_linear)
+    release_freed_memory()  # the block's fp32 weights and temporaries, freed just now
+    return block
 
 
 def _int8_output_layer(model: GPT) -> None:
