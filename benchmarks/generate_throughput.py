@@ -494,7 +494,7 @@ def record_name() -> str:
     where every runtime runs its AVX2 kernels."""
     if avx2_only():
         return "generate_throughput_avx2"
-    if DEVICE == "cpu" and torch.backends.cpu.get_cpu_capability() in ("AVX2", "DEFAULT"):
+    if DEVICE == "cpu" and torch.backends.cpu.get_cpu_capability() == "AVX2":
         return "generate_throughput_avx2_cpu"
     return "generate_throughput"
 
