@@ -144,17 +144,15 @@ class Int8Linear(InferenceLinear):
 
 
 def _replace_linears(block: Block, convert: Callable[[nn.Linear], nn.Module]) -> Block:
-    """Put ``convert(linear)`` in place of the block's four Linears (attention in/out, MLP in/out)
-    that are still ``nn.Linear``s; return the block."""
+    """Put ``convert(linear)`` in place of the block's four Linears (attention in/out, MLP in/out);
+    return the block."""
     for parent, name in (
         (block.attn, "c_attn"),
         (block.attn, "c_proj"),
         (block.mlp, "c_fc"),
         (block.mlp, "c_proj"),
     ):
-        linear = getattr(parent, name)
-        if isinstance(linear, nn.Linear):
-            setattr(parent, name, convert(linear))
+        setattr(parent, name, convert(getattr(parent, name)))
     return block
 
 
@@ -189,8 +187,7 @@ class FusedBlock(Block):
 
 def _fuse_blocks(model: GPT) -> None:
     for i, block in enumerate(model.h):
-        if not isinstance(block, FusedBlock):
-            model.h[i] = FusedBlock(block, model.config.activation)
+        model.h[i] = FusedBlock(block, model.config.activation)
 
 
 def _int8_linear(linear: nn.Linear) -> Int8Linear:
