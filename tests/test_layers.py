@@ -118,30 +118,3 @@ def test_no_import_circle():
         visit(module)
     assert not cycles, "\n".join(cycles)
 
-
-def test_the_old_name_of_evaluate_finetuned_still_imports_with_a_warning():
-    import importlib
-    import sys
-
-    import pytest
-
-    import gptkit.evaluate.finetuned as finetuned
-
-    sys.modules.pop("gptkit.evaluate.tasks", None)
-    with pytest.warns(DeprecationWarning, match="import gptkit.evaluate.finetuned"):
-        old = importlib.import_module("gptkit.evaluate.tasks")
-    assert old is finetuned and old.evaluate_model is finetuned.evaluate_model
-
-
-def test_the_old_readers_module_still_imports_with_a_warning():
-    import importlib
-    import sys
-
-    import pytest
-
-    from gptkit.data import registry, tables
-
-    sys.modules.pop("gptkit.data.readers", None)
-    with pytest.warns(DeprecationWarning, match="import gptkit.data.registry"):
-        old = importlib.import_module("gptkit.data.readers")
-    assert old.REGISTRY is registry.REGISTRY and old.read_table is tables.read_table
