@@ -117,4 +117,3 @@ def test_no_import_circle():
     for module in sorted(graph):
         visit(module)
     assert not cycles, "\n".join(cycles)
-
