@@ -35,7 +35,7 @@ from gptkit.data.examples import Example
 from gptkit.data.metrics import seed_paired_difference
 from gptkit.data.registry import DATASETS, read_dataset
 from gptkit.data.tasks import task_metrics
-from gptkit.io import atomic_write, read_json, write_json
+from gptkit.io import atomic_write, read_json, read_json_object, write_json
 from gptkit.model.task import TaskModel
 from gptkit.paper.scores import TABLE5, TABLE5_AVERAGE, TABLE5_TASKS, TASKS, PaperTask
 from gptkit.train.config import TrainConfig
@@ -303,7 +303,10 @@ def train_settings(template: FinetuneConfig) -> dict:
     and how examples are batched."""
     train: TrainConfig = template.training
     return {
-        **settings_of(train, "progress", "log_every", "keep_checkpoints"),
+        # Memory settings compute the same updates: a suite continues with other ones.
+        **settings_of(
+            train, "progress", "log_every", "keep_checkpoints", "activation_checkpointing", "fsdp_offload"
+        ),
         "group_by_length": template.group_by_length,
     }
 
@@ -330,7 +333,12 @@ def check_settings(out: Path, settings: dict) -> None:
     if not path.exists():
         write_json(path, settings)
         return
-    before = read_json(path)
+    before = read_json_object(path)
+    damaged = [section for section in settings if not isinstance(before.get(section, {}), dict)]
+    if damaged:
+        raise ValueError(
+            f"{path}: field {damaged[0]!r} is not an object; the file is damaged: fix or delete it"
+        )
     changed = [
         f"{section}.{name}: {before.get(section, {}).get(name)!r} → {value!r}"
         for section, values in settings.items()
@@ -339,7 +347,7 @@ def check_settings(out: Path, settings: dict) -> None:
     ]
     if changed:
         raise ValueError(
-            f"{out} holds a suite run with other settings ({'; '.join(changed)}): "
+            f"{out} holds a suite run with other settings ({SETTINGS_NAME}: {'; '.join(changed)}): "
             "rerun with the same settings to continue it, or choose another --out"
         )
 

@@ -14,6 +14,7 @@ from gptkit.hardware import Precision, canonical_precision
 # build one (gptkit.demo).
 Schedule = Literal["cosine", "linear", "wsd", "constant"]
 OptimizerName = Literal["adamw", "muon"]
+ActivationCheckpointing = Literal["none", "full", "selective"]
 
 
 @dataclass
@@ -95,7 +96,30 @@ class TrainConfig:
         default="stop",
         metadata={"help": "A NaN/inf loss: stop with an error, or skip the update with a warning."},
     )
-    fsdp: bool = field(default=False, metadata={"help": "Shard with FSDP2 instead of DDP (torchrun only)."})
+    fsdp: bool = field(
+        default=False,
+        metadata={
+            "help": "Shard with FSDP2 instead of DDP (torchrun only): each block's parameters, gradients and "
+            "optimizer state split across the processes; with bf16 precision, parameters are gathered in "
+            "bf16 and gradients reduced in fp32."
+        },
+    )
+    fsdp_offload: bool = field(
+        default=False,
+        metadata={
+            "help": "With --fsdp: keep parameters, gradients and optimizer state in host memory, copied to "
+            "the device block by block (slower; for a model whose states do not fit the device)."
+        },
+    )
+    activation_checkpointing: ActivationCheckpointing = field(
+        default="none",
+        metadata={
+            "help": "Keep fewer activations for the backward pass and recompute the rest: none; full (keep "
+            "each block's input only, recompute the block: about a third more compute); selective (keep "
+            "the matrix products' and attention's outputs, recompute LayerNorm, GELU, dropout and the "
+            "residual adds: most of full's saving on GELU's wide tensors at little extra compute)."
+        },
+    )
     progress: bool = field(default=True, metadata={"help": "Show a progress bar."})
     log_to: list[Literal["tensorboard", "wandb"]] = field(
         default_factory=list,
@@ -149,6 +173,8 @@ class TrainConfig:
         if self.optimizer == "muon" and self.fsdp:
             # FSDP hands each process a shard of every matrix; Muon orthogonalises whole matrices.
             fail("optimizer", "muon does not run with --fsdp (it needs whole matrices): use DDP, or adamw")
+        if self.fsdp_offload and not self.fsdp:
+            fail("fsdp_offload", "offloads FSDP2's shards: add --fsdp, or drop --fsdp-offload")
         for name in ("weight_decay", "grad_clip"):
             if getattr(self, name) < 0:
                 fail(name, f"must be >= 0, got {getattr(self, name)}")

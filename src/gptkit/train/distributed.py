@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from gptkit.hardware import resolve_device
+from gptkit.hardware import resolve_device, resolve_precision
+from gptkit.train.activation_checkpointing import apply_activation_checkpointing, transformer_blocks
+from gptkit.train.config import TrainConfig
 
 
 @dataclass
@@ -24,6 +27,7 @@ class DistributedContext:
     world_size: int = 1
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
+    _mesh: object = field(default=None, repr=False, compare=False)
 
     @property
     def is_distributed(self) -> bool:
@@ -32,6 +36,15 @@ class DistributedContext:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def device_mesh(self):
+        """The one-dimensional mesh of every process that FSDP2 shards over, made once. Made before
+        any fake tensor exists when simulated (a mesh reads its ranks from a real tensor)."""
+        if self._mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self._mesh = init_device_mesh(self.device.type, (self.world_size,))
+        return self._mesh
 
     def all_reduce_mean(self, value: torch.Tensor) -> torch.Tensor:
         if self.is_distributed:
@@ -85,23 +98,56 @@ def shutdown_distributed() -> None:
         dist.destroy_process_group()
 
 
-def wrap_model(model: nn.Module, ctx: DistributedContext, fsdp: bool = False) -> nn.Module:
-    """DDP, or FSDP2 (``fully_shard`` on every block, then the root) when asked; unchanged alone."""
+def wrap_model(model: nn.Module, ctx: DistributedContext, train: TrainConfig) -> nn.Module:
+    """The model as ``train`` asks to run it: its blocks checkpointed (``activation_checkpointing``),
+    then DDP, or FSDP2 (``fsdp``: ``fully_shard`` on every block, then the root, with a mixed-precision
+    policy and optionally CPU offload); alone, unwrapped."""
+    if train.fsdp and not ctx.is_distributed:
+        raise ValueError("--fsdp needs several processes: launch with torchrun --nproc_per_node=N")
+    apply_activation_checkpointing(model, train.activation_checkpointing)
     if not ctx.is_distributed:
-        if fsdp:
-            raise ValueError("--fsdp needs several processes: launch with torchrun --nproc_per_node=N")
         return model
-    if fsdp:
-        from torch.distributed.fsdp import fully_shard
-
-        for block in getattr(model, "h", getattr(getattr(model, "gpt", None), "h", [])):
-            fully_shard(block)
-        fully_shard(model)
-        return model
+    if train.fsdp:
+        return shard_model(model, ctx, train)
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [ctx.local_rank] if ctx.device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def fsdp_policies(ctx: DistributedContext, train: TrainConfig) -> dict:
+    """FSDP2's keyword arguments for ``train``: the mixed-precision policy and the offload policy.
+
+    With a bf16 training precision the parameters are gathered in bf16 (half the all-gather traffic
+    and memory of fp32) and the gradients reduced in fp32 (a sum over many ranks loses too much in
+    bf16), as torchtitan does; the sharded parameters and the optimizer stay fp32. With fp32 nothing
+    is cast.
+    """
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
+
+    with warnings.catch_warnings():  # the Trainer resolves the same precision and says what it costs
+        warnings.simplefilter("ignore")
+        dtype = resolve_precision(train.precision, ctx.device, "training").dtype
+    mixed = MixedPrecisionPolicy(
+        param_dtype=dtype if dtype != torch.float32 else None, reduce_dtype=torch.float32
+    )
+    # Pinned host memory makes the copies to a GPU asynchronous; a CPU build has no pinning.
+    offload = (
+        CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda") if train.fsdp_offload else OffloadPolicy()
+    )
+    return {"mp_policy": mixed, "offload_policy": offload}
+
+
+def shard_model(model: nn.Module, ctx: DistributedContext, train: TrainConfig) -> nn.Module:
+    """FSDP2 as torchtitan applies it: each block its own unit (gathered just before it runs and
+    freed after), then the root (the embeddings, the final LayerNorm, a task head)."""
+    from torch.distributed.fsdp import fully_shard
+
+    options = {"mesh": ctx.device_mesh(), **fsdp_policies(ctx, train)}
+    for block in transformer_blocks(model):
+        fully_shard(block, **options)
+    fully_shard(model, **options)
+    return model
 
 
 def gradient_sync(wrapped: nn.Module, sync: bool):

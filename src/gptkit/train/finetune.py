@@ -463,7 +463,7 @@ def _finetune(
     best = BestModel(out_dir, metric, save_model, ctx, config.resume)
     examples = {"train": len(encoded_train), "dev": len(encoded_dev)}
     trainer = Trainer(
-        wrap_model(model, ctx, fsdp=train.fsdp),
+        wrap_model(model, ctx, train),
         train,
         batches,
         out_dir,

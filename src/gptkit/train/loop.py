@@ -350,11 +350,33 @@ class Trainer:
     def _update(self) -> tuple[float, float, int]:
         config, ctx = self.config, self.ctx
         batch = self.data.next_batch()
-        micro_batches = split_micro_batches(batch, self.micro_batch_size)
         lr = learning_rate(self.step, config.lr, self.warmup_steps, self.max_steps, config.schedule)
         for optimizer in self.optimizers:
             for group in optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_scale", 1.0)
+        total_loss, grad_norm, n_tokens = self.compute_gradients(batch)
+        loss_value, norm_value = float(total_loss), float(grad_norm)
+        if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
+            message = f"step {self.step + 1}: loss is {loss_value}, gradient norm is {norm_value}"
+            self._zero_grad()
+            if config.on_nonfinite == "stop":
+                raise NonFiniteLossError(
+                    f"{message}; stopping (the last checkpoint is intact). Lower --lr, or pass "
+                    "--on-nonfinite skip to skip such updates"
+                )
+            warnings.warn(f"{message}; skipping this update", stacklevel=2)
+        else:
+            self.apply_gradients()
+        self.step += 1
+        self.tokens_seen += n_tokens * ctx.world_size
+        return loss_value, norm_value, n_tokens
+
+    def compute_gradients(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Forward and backward over ``batch``'s micro-batches, the gradients reduced across processes
+        and clipped: (the mean loss, the gradient norm, this process's tokens). Reads no tensor's
+        value, so that it also runs on fake tensors (``gptkit estimate``)."""
+        config, ctx = self.config, self.ctx
+        micro_batches = split_micro_batches(batch, self.micro_batch_size)
         self.forward.train()
         total_loss = torch.zeros((), device=ctx.device)
         n_tokens = 0
@@ -374,23 +396,13 @@ class Trainer:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)
         else:
             grad_norm = torch.zeros(())
-        loss_value, norm_value = float(total_loss), float(grad_norm)
-        if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
-            message = f"step {self.step + 1}: loss is {loss_value}, gradient norm is {norm_value}"
-            self._zero_grad()
-            if config.on_nonfinite == "stop":
-                raise NonFiniteLossError(
-                    f"{message}; stopping (the last checkpoint is intact). Lower --lr, or pass "
-                    "--on-nonfinite skip to skip such updates"
-                )
-            warnings.warn(f"{message}; skipping this update", stacklevel=2)
-        else:
-            for optimizer in self.optimizers:
-                optimizer.step()
-            self._zero_grad()
-        self.step += 1
-        self.tokens_seen += n_tokens * ctx.world_size
-        return loss_value, norm_value, n_tokens
+        return total_loss, grad_norm, n_tokens
+
+    def apply_gradients(self) -> None:
+        """The optimizers' step with the gradients :meth:`compute_gradients` left, then no gradients."""
+        for optimizer in self.optimizers:
+            optimizer.step()
+        self._zero_grad()
 
     def _zero_grad(self) -> None:
         for optimizer in self.optimizers:

@@ -99,7 +99,7 @@ def pretrain(config: PretrainConfig) -> dict[str, float]:
         windows = WindowSampler(
             train_shard, context_length, train.batch_size, train.seed, ctx.rank, ctx.world_size
         )
-        wrapped = wrap_model(model, ctx, fsdp=train.fsdp)
+        wrapped = wrap_model(model, ctx, train)
         per_rank = train.batch_size // ctx.world_size
         micro = min(train.micro_batch_size or per_rank, per_rank)
         val_shard = TokenShard.open(config.data, "val")
