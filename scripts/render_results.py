@@ -18,6 +18,7 @@ import argparse
 import datetime
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,18 +32,125 @@ AREAS = {
     "tokenizer_throughput": "Tokenizers",
     "prepare_throughput": "Data preparation",
     "train_throughput": "Training",
-    "time_to_quality": "Time to quality",
+    "time_to_quality": "Time to quality: pre-training for a budget of CPU minutes",
     "generate_throughput": "Decoding",
-    "generate_throughput_avx2": "Decoding, PyTorch held to AVX2",
+    "generate_throughput_avx2": "Decoding, AVX2 emulated on the AVX-512 CPU",
     "generate_throughput_avx2_cpu": "Decoding on a CPU without AVX-512",
     "serve_throughput": "Serving",
-    "serve_classify": "Task serving",
-    "serve_adapters_memory": "Many adapters, one base",
+    "serve_classify": "Serving task models under load",
+    "serve_adapters_memory": "Many adapters, one base: resident memory",
     "evaluate_throughput": "Evaluation",
     "harness_throughput": "lm-evaluation-harness",
-    "lora_finetune": "LoRA fine-tuning",
+    "lora_finetune": "LoRA against full fine-tuning",
     "demo": "The demo (`make demo`)",
     "paper": "The paper on a CPU slice (`make paper`)",
+}
+
+# How each benchmark measures, printed under its table: at most two short paragraphs, filled from its
+# record (str.format_map), so a figure quoted here is one the benchmark printed. A "####" line is a
+# heading of its own (other documents link to it).
+METHODS = {
+    "tokenizer_throughput": """
+        {text[megabytes]} MB of text (the five Gutenberg books and the SST-2 training sentences), fresh
+        encoders each repetition (cold caches), alternating, medians. gptkit's GPT-2 encoder is
+        tiktoken's Rust core built from the shipped files, so parity is what to expect; GPT-1's ids are
+        checked identical to the straightforward pipeline's (ftfy, spaCy, BPE, a text at a time).""",
+    "prepare_throughput": """
+        `gptkit prepare --workers 2` (this process and one helper) against 1 worker on the Gutenberg
+        books, alternating, the shards checked byte-identical: a second worker pays only where a core is
+        free, and this run shared its 2 cores with other work (the load above). Memory: the peak
+        resident set of a `prepare` run in a fresh process (workers summed, sampled every 20 ms) on a
+        corpus against one 8 or 10 times smaller.""",
+    "train_throughput": """
+        6 layers, d 384, 6 heads, context 256, vocabulary 40,478, batch 8, dropout 0; a step is forward,
+        backward and AdamW. Each measurement in a fresh process (its peak RSS is its own), alternating,
+        medians; gptkit runs as its Trainer does (the fused output-layer loss; glibc kept from
+        returning freed memory, which the "without malloc tuning" rows turn off). MFU is against a
+        2048³ matmul measured in the same run under the same load ({matmul_peak_gflops_fp32} GFLOP/s
+        fp32, {matmul_peak_gflops_bf16} bf16 here), not against the CPU's specification.""",
+    "time_to_quality": """
+        Held-out bits per byte (the last 2% of every book, in bits over its UTF-8 bytes: comparable
+        across vocabularies) after runs planned for 1, 2 and 5 minutes as `make demo` plans its 5, each
+        its own run, the recipes alternating, in {precision}. `baseline` is the former demo recipe
+        (GPT-2's settings scaled down), `minutes` the demo's. The time to the baseline's 5-minute
+        figure is interpolated between budgets, a bound where the new recipe is past it at the shortest.
+        One run per cell: under about 0.02 bits per byte is noise. What each lever bought:
+        [experiments.md](experiments.md#what-each-lever-bought).""",
+    "generate_throughput": """
+        Greedy, random weights, batch 1: new tokens/s after a {prompt_tokens}-token prompt,
+        {new_tokens} new tokens, each peer alternating with gptkit, medians of {repeats}; ids checked
+        equal to the peer's in fp32. gptkit runs fp32 and bf16 weights in `nn.Linear`'s layout and in
+        the decoding layout `gptkit generate` uses on a CPU (oneDNN-packed), and int8 weights. The
+        bandwidth fraction is the weights' bytes a step reads × tokens/s ÷ a large copy's bandwidth in
+        the same run ({memory_bandwidth_gb_s} GB/s here). `OpenAIGPTLMHeadModel` has no cache.
+
+        #### Other runtimes: ONNX Runtime int8, llama.cpp, prefill and memory
+
+        ONNX Runtime runs `gptkit export --past`'s graph in fp32 and in its own int8 (`quantize_dynamic`);
+        llama.cpp (the `llama` extra, built for this CPU) runs `gptkit export --quantize
+        f32|bf16|q8_0`; 2 threads each. Time to first token: the prefill of a {prefill_tokens}-token
+        prompt. Peak memory: each runtime's in a fresh process (load, the prompt, 8 new tokens) above
+        its imports. On this shared host the ratios to llama.cpp move more between runs than between
+        its rows ([earlier runs](experiments.md#decoding-layouts-kernels-and-other-runtimes-2026-11-29-to-2026-12-03)).""",
+    "generate_throughput_avx2": """
+        The benchmark above on the same AVX-512 CPU with PyTorch's kernels held to AVX2 (`--avx2`:
+        `ATEN_CPU_CAPABILITY=avx2`, `ONEDNN_MAX_CPU_ISA=AVX2`, FBGEMM and MKL likewise): an emulation,
+        faster than a real CPU without AVX-512 (the next table). ONNX Runtime and llama.cpp keep their
+        AVX-512 kernels, so the ratios to them are lower bounds. For such a CPU, quote the next table.""",
+    "generate_throughput_avx2_cpu": """
+        The same benchmark on another machine: an AMD EPYC with AVX2 and no AVX-512 (so no native
+        bf16), 2 cores, {memory_bandwidth_gb_s} GB/s copy bandwidth; every runtime runs its AVX2 kernels.
+        gptkit is behind ONNX Runtime in fp32 and behind llama.cpp here: PyTorch's one-row products
+        alone take longer than llama.cpp's whole fp32 or bf16 token on this CPU, whichever kernel runs
+        them ([measured](experiments.md#on-a-cpu-without-avx-512-what-the-gap-is-made-of)).""",
+    "serve_throughput": """
+        `{setup[server]}`; {setup[clients]} asyncio clients each stream {setup[requests_per_client]}
+        requests of {setup[new_tokens]} new tokens, against the same requests one at a time through
+        `GPT2LMHeadModel.generate` and `gptkit.generate` (KV cache both); GPT-2 small's shape, random
+        weights, alternating, medians of {setup[repeats]}; greedy text checked identical to
+        transformers'. First token under that load: {time_to_first_token_under_load[median_s]:.2f} s
+        median, {time_to_first_token_under_load[p95_s]:.2f} s p95. Memory: the server's resident set
+        after 500 requests against after 50; it settles in the first hundreds
+        ([followed to 1,500](experiments.md#after-the-architectures-reorganisation-the-same-speed-2026-12-03)).""",
+    "serve_classify": """
+        A GPT-2-small-shaped classifier (random weights, W_y on h_n at `_classify_`), 16 client threads
+        sending one-sentence `/v1/classify` requests (SST-2 dev), against transformers'
+        text-classification pipeline with the same weights, one sentence at a time: both fp32, then the
+        server's default (`auto`: bf16 here) against the pipeline in fp32 and bf16, so that batching
+        and the dtype show apart. "Its step alone": the server's `classify` on the same batches in one
+        process. The adapter rows: 4 rank-8 LoRA adapters of one base, mixed requests against one
+        adapter's; the step on batches of 16 mixed over the 4, in one pass against one per adapter.
+        Alternating, medians of 3, under other work's load: the step rows' repeats spread more than tenfold
+        (each is in the JSON), so read them as this run's.""",
+    "serve_adapters_memory": """
+        Each count of rank-8 adapters (c_attn, c_proj, c_fc and a classification head,
+        {adapter_files_mb} MB of files each) over one GPT-2-small-shaped base is loaded by `gptkit
+        serve`'s loader in a fresh process, fp32, and answers one classify pass with a sentence per
+        model; the figure is its resident set then, less the process's before loading. The peer is the
+        base as one full task model. After glibc's `malloc_trim` hands back the heap freed while
+        loading, 16 adapters hold {results[adapters_16][resident_mb_after_malloc_trim]} MB.""",
+    "evaluate_throughput": """
+        Tokens scored per second on the same text and random weights, fp32, alternating, medians;
+        results checked equal. Perplexity: {perplexity_tokens:,} tokens of WikiText-2 test, windows
+        batched. Zero-shot: {zeroshot_examples} Story Cloze dev stories, many (context, answer) pairs a
+        forward pass. Fine-tuned: {task_examples} stories in GPT-1's multiple-choice layout, the output
+        layer only at `<e>`, against `OpenAIGPTDoubleHeadsModel` (every position's logits) and
+        `OpenAIGPTModel` with the same head.""",
+    "harness_throughput": """
+        lm-eval's `simple_evaluate` on one model directory (GPT-2 small's shape, random weights, fp32,
+        batch 32) through gptkit's model type and lm-eval's `hf` backend: {requests} requests, Story
+        Cloze as multiple choice and WikiText-2 as rolling log-likelihood, alternating, medians. Both
+        score the same (Story Cloze accuracy {scores[gptkit][story_cloze_acc]} and
+        {scores[hf][story_cloze_acc]}).""",
+    "lora_finetune": """
+        A GPT-2-medium-shaped task model ({shape[n_layer]} layers, d {shape[d_model]}, a
+        classification head), batch {shape[batch]} × {shape[tokens]} tokens, fp32, L3 = L2 + 0.5·L1,
+        AdamW. gptkit's LoRA: rank {rank} on c_attn, c_proj and c_fc, the special rows and the head
+        trained, {results[lora][trainable]:,} of {results[lora][parameters]:,} parameters
+        ({trainable_fraction:.2%}); peft's: the same rank and targets. A fresh process per variant,
+        alternating, each keeping its fastest round; CPU time per update, which other load inflates
+        less than the wall clock. Its cost in accuracy on a small base:
+        [experiments.md](experiments.md#lora-against-full-fine-tuning-2026-12-02).""",
 }
 
 
@@ -110,7 +218,22 @@ def table(record: dict) -> list[str]:
         if row.get("bound"):  # reached at the shortest budget: the time is at most, the ratio at least
             ours, ratio = f"≤ {ours}", f"≥ {ratio}"
         lines.append(f"| {row['what']} | {ours} | {peer} | {ratio} |")
-    return [*lines, ""]
+    return [*lines, "", *method(record)]
+
+
+def method(record: dict) -> list[str]:
+    """How the benchmark measured, from METHODS, filled from its record and wrapped at 100 columns."""
+    template = METHODS.get(record["benchmark"])
+    if template is None:
+        return []
+    lines = []
+    for paragraph in textwrap.dedent(template).strip().format_map(record).split("\n\n"):
+        if paragraph.startswith("#"):
+            lines += [paragraph, ""]
+            continue
+        text = " ".join(paragraph.split())
+        lines += [*textwrap.wrap(text, 100, break_long_words=False, break_on_hyphens=False), ""]
+    return lines
 
 
 def demo_table(record: dict) -> list[str]:

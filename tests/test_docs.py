@@ -119,6 +119,12 @@ def _section(path: Path, anchor: str) -> str:
 _FIGURE = re.compile(r"(?<![\w.-])(\d+\.\d+|\d[\d,]* MB|\d+ min \d+ s)(?![\d])")
 
 
+def _whole(figure: str) -> str:
+    """A pattern for the figure as a whole number: not part of a longer one on either side (1.3 is
+    not in 1.33 nor in 21.3, 250 MB not in 1,250 MB), though a sentence's full stop may follow it."""
+    return rf"(?<![\d.,]){re.escape(figure)}(?!\.?\d|,\d)"
+
+
 def _claims() -> list[tuple[str, list[str]]]:
     text = (REPO / "README.md").read_text(encoding="utf-8")
     section = text.split("## What it does, measured", 1)[1].split("\n## ", 1)[0]
@@ -142,7 +148,7 @@ def test_every_readme_figure_is_in_the_table_it_links_to(claim):
     )
     figures = _FIGURE.findall(line.split("](", 1)[-1])
     assert figures, f"README claim without a figure: {line}"
-    missing = [f for f in figures if not re.search(rf"(?<![\d.]){re.escape(f)}", sections)]
+    missing = [f for f in figures if not re.search(_whole(f), sections)]
     assert not missing, f"not in the linked sections: {missing} ({line[:60]}...)"
 
 
