@@ -1,7 +1,8 @@
 """Render docs/results.md's benchmark tables from results/*.json, the JSON `make bench` keeps.
 
-A figure in those tables is what a benchmark printed: the tables sit between two markers in
-docs/results.md and are rewritten whole, never edited by hand. `--check` only compares, and exits 1
+A figure in those tables is what a benchmark printed, and each table is followed by how it was
+measured (METHODS, filled from the same record): they sit between two markers in docs/results.md and
+are rewritten whole, never edited by hand. `--check` only compares, and exits 1
 when the file is not what results/ renders (tests/test_docs.py runs it). `make demo` and `make
 paper` keep their figures the same way (`--keep`): the run's own summary, less its paths and
 samples, becomes results/demo.json or results/paper.json.
