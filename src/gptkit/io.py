@@ -78,6 +78,15 @@ def write_json(path: str | Path, data: Any) -> None:
     atomic_write(path, write)
 
 
+def json_loads(text: str | bytes) -> Any:
+    """``json.loads``, with nesting deeper than Python's recursion limit (``[[[[...`` a hundred
+    thousand deep) reported as the JSONDecodeError it is, not a RecursionError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply to be read", "", 0) from None
+
+
 def read_json(path: str | Path) -> Any:
     """The JSON value in ``path``. A damaged file is a ValueError naming the file and the damage."""
     path = Path(path)
@@ -88,7 +97,7 @@ def read_json(path: str | Path) -> Any:
             f"{path}: not UTF-8 text (invalid byte at offset {e.start}): the file is damaged or not JSON"
         ) from e
     try:
-        return json.loads(text)
+        return json_loads(text)
     except json.JSONDecodeError as e:
         where = f"line {e.lineno}, column {e.colno}: {e.msg}"
         if not text.strip():
@@ -160,8 +169,10 @@ def _torch_load(path: Path, remedy: str) -> Any:
     try:
         # weights_only: never unpickle arbitrary objects from a file someone handed us.
         return torch.load(path, map_location="cpu", weights_only=True)
-    except OSError:
-        raise  # missing or unreadable: the OS's message already names the file
+    except OSError as e:
+        if e.filename is not None:
+            raise  # missing or unreadable: the OS's message already names the file
+        raise ValueError(f"{path}: cannot be read ({_one_line_cause(e)}); {remedy}") from e
     except Exception as e:  # torch reports damage as RuntimeError, EOFError, KeyError, UnpicklingError...
         cause = _one_line_cause(e)
         if "Unsupported global" in cause:
@@ -210,6 +221,17 @@ def read_train_state(path: str | Path) -> dict[str, Any]:
     missing = [name for name in TRAIN_STATE_FIELDS if name not in state]
     if missing:
         raise ValueError(f"{path}: missing field(s) {', '.join(missing)}; {remedy}")
+    expected = {"step": int, "optimizer": (dict, list), "data": dict, "rng": list, "plan": str}
+    for name, kind in expected.items():
+        if name in state and (not isinstance(state[name], kind) or isinstance(state[name], bool)):
+            raise ValueError(f"{path}: field {name!r} is {type(state[name]).__name__}; {remedy}")
+    if state["step"] < 0:
+        raise ValueError(f"{path}: field 'step' is {state['step']}, not a count of updates; {remedy}")
+    if "plan" in state:
+        try:
+            json_loads(state["plan"])
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: field 'plan' is not JSON ({e}); {remedy}") from e
     return state
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from gptkit.data.examples import Example, row_error
 from gptkit.data.formats import DataError
-from gptkit.data.tables import json_lines, text_lines
+from gptkit.data.tables import csv_errors, json_lines, text_lines
+from gptkit.io import json_loads
 
 
 def _fields(path: Path, line_number: int, line: str, count: int) -> list[str]:
@@ -73,7 +74,7 @@ def read_stsb(path: Path) -> list[Example]:
 
 def read_story_cloze(path: Path) -> list[Example]:
     out = []
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    with open(path, encoding="utf-8-sig", newline="") as f, csv_errors(path):
         reader = csv.DictReader(f)
         for row in reader:
             source = f"{path}, line {reader.line_num}"
@@ -83,6 +84,8 @@ def read_story_cloze(path: Path) -> list[Example]:
                 label = int(row["AnswerRightEnding"]) - 1  # 1/2 in the file
             except (KeyError, TypeError, ValueError) as e:
                 raise DataError(f"{source}: bad or missing column ({e})") from e
+            if label not in (0, 1):
+                raise DataError(f"{source}: field 'AnswerRightEnding' is {label + 1}, not 1 or 2")
             out.append(Example({"context": context, "choices": choices}, label, source))
     return out
 
@@ -98,6 +101,10 @@ def read_mctest(statements: Path) -> list[Example]:
         if story_index >= len(answers):
             raise DataError(
                 f"{answers_path}: no answers for story {story_index + 1} ({statements}, line {n})"
+            )
+        if len(answers[story_index]) < 4:
+            raise DataError(
+                f"{answers_path}, line {story_index + 1}: {len(answers[story_index])} answers, expected 4"
             )
         for q in range(4):
             block = parts[3 + 5 * q : 8 + 5 * q]
@@ -271,7 +278,7 @@ def _race_files(folder: Path) -> list[Path]:
 
 def _read_race_file(path: Path) -> list[Example]:
     try:
-        passage = json.loads(path.read_text(encoding="utf-8"))
+        passage = json_loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 text (invalid byte at offset {e.start})") from e
     except json.JSONDecodeError as e:

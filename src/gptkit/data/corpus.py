@@ -41,7 +41,7 @@ from gptkit.data.formats import (
     read_lines,
     table_batches,
 )
-from gptkit.io import json_type_name
+from gptkit.io import json_loads, json_type_name
 
 BLOCK_BYTES = 1 << 16  # plain text is tokenized a block of lines (about 64 kB) at a time
 TEXT_SUFFIXES = (".txt", ".text", ".md")
@@ -253,7 +253,7 @@ def _json_documents(path: Path, text_field: str, decoder: TextDecoder) -> Iterat
         if line_number == 1:
             decoded = decoded.removeprefix("\ufeff")  # a byte-order mark, as json.loads(bytes) allows
         try:
-            record = json.loads(decoded)
+            record = json_loads(decoded)
         except json.JSONDecodeError as e:
             raise DataError(f"{where}: not valid JSON ({e.msg}, column {e.colno})") from e
         if not isinstance(record, dict):

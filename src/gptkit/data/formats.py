@@ -34,6 +34,21 @@ def one_line(error: BaseException) -> str:
     return lines[0] if lines else type(error).__name__
 
 
+def utf8_error(path: Path) -> DataError:
+    """A DataError naming the first byte of ``path`` that is not UTF-8 by line and column. The file
+    is read again, in binary, to find it: a text-mode read knows only its buffer's offset."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return DataError(
+                    f"{path}, line {number}, column {e.start + 1}: byte 0x{line[e.start]:02x} is not UTF-8; "
+                    "convert the file (e.g. iconv -f latin1 -t utf-8)"
+                )
+    return DataError(f"{path}: not UTF-8 text")
+
+
 def _needs(package: str, what: str) -> ImportError:
     return ImportError(f"{what} needs the {package} package: pip install -e '.[{EXTRA}]'")
 
@@ -195,7 +210,15 @@ def is_dataset_folder(path: Path) -> bool:
     return path.is_dir() and ((path / DATASET_STATE).is_file() or (path / DATASET_DICT).is_file())
 
 
+def _unreadable(pa) -> tuple[type[BaseException], ...]:
+    """What pyarrow raises for a damaged file: its own errors, and OSErrors of no system call
+    (thrift, snappy, a page shorter than its header says), which name no file."""
+    return (pa.ArrowException, OSError)
+
+
 def _table_error(path: Path, kind: str, error: BaseException, where: str = "") -> DataError:
+    if isinstance(error, OSError) and error.errno is not None:
+        raise error  # the system's: missing or unreadable, and its message names the file
     return DataError(
         f"{path}{where}: cannot be read as {kind} ({one_line(error)}): the file is damaged or not {kind}"
     )
@@ -226,7 +249,7 @@ def table_schema(path: Path):
     pa, pq = pyarrow_modules(f"reading {kind} files")
     try:
         return pq.ParquetFile(path).schema_arrow if kind == "parquet" else _open_arrow(path)[0]
-    except pa.ArrowException as e:
+    except _unreadable(pa) as e:
         raise _table_error(path, kind, e) from e
 
 
@@ -268,7 +291,7 @@ def table_batches(path: Path, columns: list[str] | None = None) -> Iterator[tupl
             position = size * last // total if kind == "parquet" else source.tell()
             yield first, batch, max(position - counted, 0)
             first, counted = last, max(position, counted)
-    except pa.ArrowException as e:
+    except _unreadable(pa) as e:
         raise _table_error(path, kind, e, f", row {first} or after") from e
 
 

@@ -7,13 +7,15 @@ too (:mod:`gptkit.data.benchmarks`).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 from collections.abc import Iterator
 from pathlib import Path
 
 from gptkit.data.examples import OPTIONAL_FIELDS, TASKS, TEXT_FIELDS, Example, row_error
-from gptkit.data.formats import DataError, table_rows
+from gptkit.data.formats import DataError, table_rows, utf8_error
+from gptkit.io import json_loads
 
 
 def parse_columns(spec: str | None) -> dict[str, str | list[str]]:
@@ -38,7 +40,7 @@ def _as_text(value: object) -> str | None:
 
 def text_lines(path: Path) -> Iterator[tuple[int, str]]:
     """(line number, line) of every line of a UTF-8 file that is not blank, its line end removed."""
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    with open(path, encoding="utf-8-sig", newline="") as f, csv_errors(path):
         for line_number, line in enumerate(f, start=1):
             line = line.rstrip("\r\n")
             if line.strip():
@@ -49,12 +51,24 @@ def json_lines(path: Path) -> Iterator[tuple[int, dict]]:
     """(line number, object) of a JSON-lines file; a line that is no JSON object is a DataError."""
     for n, line in text_lines(path):
         try:
-            record = json.loads(line)
+            record = json_loads(line)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}, line {n}: not valid JSON ({e.msg}, column {e.colno})") from e
         if not isinstance(record, dict):
             raise DataError(f"{path}, line {n}: expected a JSON object")
         yield n, record
+
+
+@contextlib.contextmanager
+def csv_errors(path: Path) -> Iterator[None]:
+    """A text file read inside: bytes that are not UTF-8, and what the csv module refuses (a field
+    past its size limit), become DataErrors naming the file and line."""
+    try:
+        yield
+    except UnicodeDecodeError as e:
+        raise utf8_error(path) from e
+    except csv.Error as e:
+        raise DataError(f"{path}: not readable as CSV ({e})") from e
 
 
 def _rows(path: Path) -> Iterator[tuple[str, dict[str, str | None]]]:
@@ -71,7 +85,7 @@ def _rows(path: Path) -> Iterator[tuple[str, dict[str, str | None]]]:
         for index, record in table_rows(path):
             yield f"row {index}", {k: _as_text(v) for k, v in record.items()}
         return
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    with open(path, encoding="utf-8-sig", newline="") as f, csv_errors(path):
         if suffix == ".tsv":
             # Tab-separated files in the wild put bare quotes inside fields: split on tabs, no quoting.
             lines = (line.rstrip("\r\n") for line in f)

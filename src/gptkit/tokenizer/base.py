@@ -149,9 +149,16 @@ def _load_tokenizer(directory: Path) -> Tokenizer:
             encoder, merges = directory / files["encoder"], directory / files["merges"]
         except (KeyError, TypeError) as e:
             raise ValueError(f"{config_path}: field files.encoder or files.merges is missing") from e
+        for name, path in (("encoder", encoder), ("merges", merges)):
+            if not path.is_file():
+                raise FileNotFoundError(f"{config_path}: files.{name} names {path}, which is not a file")
         if style not in _STYLES:
             raise ValueError(f"{config_path}: style {style!r} is not one of {', '.join(map(repr, _STYLES))}")
         specials = config.get("special_tokens")
+        # {token: id} as gptkit writes it (the ids follow the vocabulary), or a list of tokens.
+        listed = isinstance(specials, list) and all(isinstance(token, str) for token in specials)
+        if not (specials is None or isinstance(specials, dict) or listed):
+            raise ValueError(f"{config_path}: field special_tokens is not an object or a list of tokens")
         return _STYLES[style].from_files(encoder, merges, None if specials is None else list(specials))
     for style, encoder, merges in _PUBLISHED_FILES:
         if (directory / encoder).exists() and (directory / merges).exists():

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from gptkit.io import RESAVE_ADVICE, atomic_write
+from gptkit.io import RESAVE_ADVICE, atomic_write, read_json
 
 
 def read_merges(path: str | Path) -> list[tuple[str, str]]:
@@ -38,6 +38,21 @@ def read_merges(path: str | Path) -> list[tuple[str, str]]:
             raise ValueError(message)
         merges.append((parts[0], parts[1]))
     return merges
+
+
+def read_encoder(path: str | Path) -> dict[str, int]:
+    """An ``encoder.json``: token → id, the ids exactly 0 … n-1 (a damaged file is a ValueError)."""
+    encoder = read_json(path)
+    if not isinstance(encoder, dict):
+        raise ValueError(f"{path}: expected a JSON object mapping tokens to ids")
+    for token, token_id in encoder.items():
+        if not isinstance(token_id, int) or isinstance(token_id, bool) or not 0 <= token_id < len(encoder):
+            raise ValueError(
+                f"{path}: token {token!r} has id {token_id!r}, expected an integer in 0..{len(encoder) - 1}"
+            )
+    if len(set(encoder.values())) != len(encoder):
+        raise ValueError(f"{path}: some ids belong to more than one token; each token needs its own id")
+    return encoder
 
 
 def write_merges(path: str | Path, merges: Iterable[tuple[str, str]]) -> None:

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gptkit.io import read_json
 from gptkit.tokenizer.base import Tokenizer
-from gptkit.tokenizer.bpe import read_merges
+from gptkit.tokenizer.bpe import read_encoder, read_merges
 
 END_OF_TEXT = "<|endoftext|>"
 # GPT-2's pre-tokenizer: contractions, words, numbers, punctuation runs, whitespace.
@@ -44,21 +43,6 @@ def byte_to_char() -> dict[int, str]:
     return table
 
 
-def _read_encoder(path: str | Path) -> dict[str, int]:
-    """``encoder.json``: token → id, the ids exactly 0 … n-1 (a damaged file is a ValueError)."""
-    encoder = read_json(path)
-    if not isinstance(encoder, dict):
-        raise ValueError(f"{path}: expected a JSON object mapping tokens to ids")
-    for token, token_id in encoder.items():
-        if not isinstance(token_id, int) or isinstance(token_id, bool) or not 0 <= token_id < len(encoder):
-            raise ValueError(
-                f"{path}: token {token!r} has id {token_id!r}, expected an integer in 0..{len(encoder) - 1}"
-            )
-    if len(set(encoder.values())) != len(encoder):
-        raise ValueError(f"{path}: some ids belong to more than one token; each token needs its own id")
-    return encoder
-
-
 class ByteLevelTokenizer(Tokenizer):
     style = "bytelevel"
 
@@ -72,7 +56,7 @@ class ByteLevelTokenizer(Tokenizer):
     def __init__(self, encoder_path: str | Path, merges_path: str | Path):
         import tiktoken
 
-        encoder = _read_encoder(encoder_path)
+        encoder = read_encoder(encoder_path)
         self.encoder = encoder
         self.merges = read_merges(merges_path)
         char_to_byte = {c: b for b, c in byte_to_char().items()}
@@ -112,7 +96,10 @@ class ByteLevelTokenizer(Tokenizer):
         self._id_to_rank[self.special_tokens[END_OF_TEXT]] = special_rank
         missing = np.flatnonzero(rank_to_id < 0)
         if missing.size:
-            raise ValueError(f"{encoder_path}: {missing.size} byte sequences from the merges have no id")
+            raise ValueError(
+                f"{encoder_path}: {missing.size} byte sequences made by the merges in {merges_path} have "
+                "no id: one of the two files is damaged, or they do not belong together"
+            )
 
         self._identity = bool(np.array_equal(rank_to_id, np.arange(len(rank_to_id))))
         self._rank_to_id = rank_to_id

@@ -21,9 +21,8 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from gptkit.io import read_json
 from gptkit.tokenizer.base import Tokenizer
-from gptkit.tokenizer.bpe import BPE, read_merges
+from gptkit.tokenizer.bpe import BPE, read_encoder, read_merges
 from gptkit.tokenizer.detokenizer import detokenize
 
 GPT1_SPECIAL_TOKENS = ["_start_", "_delimiter_", "_classify_"]
@@ -104,9 +103,7 @@ class GPT1Tokenizer(Tokenizer):
     ):
         _, spacy = _require_gpt1_extra()
         self._spacy = spacy.blank("en").tokenizer
-        self.encoder: dict[str, int] = read_json(encoder_path)
-        if not isinstance(self.encoder, dict):
-            raise ValueError(f"{encoder_path}: expected a JSON object mapping tokens to ids")
+        self.encoder: dict[str, int] = read_encoder(encoder_path)
         self.merges = read_merges(merges_path)
         self.bpe = BPE(self.merges)
         self.decoder = {i: token for token, i in self.encoder.items()}

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from gptkit.io import file_sha256, read_json, read_train_state, write_json
+from gptkit.io import file_sha256, read_json, read_json_object, read_train_state, write_json
 from gptkit.train.distributed import DistributedContext, full_state_dicts, load_full_state_dicts
 from gptkit.train.rundir import LATEST, TRAIN_STATE, RunDir
 
@@ -202,9 +202,18 @@ def verify_manifest(directory: Path) -> str | None:
     if not manifest.is_file():
         return None
     try:
-        files = json.loads(manifest.read_text(encoding="utf-8"))["files"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        files = read_json_object(manifest)["files"]
+    except (OSError, ValueError, KeyError) as e:
         return f"unreadable {MANIFEST}: {e}"
+    if not isinstance(files, dict) or not all(
+        isinstance(entry, dict)
+        and isinstance(entry.get("bytes"), int)
+        and isinstance(entry.get("sha256"), str)
+        and isinstance(name, str)
+        and name
+        for name, entry in files.items()
+    ):
+        return f"unreadable {MANIFEST}: 'files' is not an object of {{name: {{bytes, sha256}}}}"
     for name, expected in files.items():
         path = directory / name
         if not path.is_file():

@@ -22,7 +22,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from gptkit.io import DirectoryBusy, read_json, read_json_object, writer_lock
+from gptkit.io import DirectoryBusy, read_json_object, writer_lock
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest.json"
@@ -117,7 +117,14 @@ class RunDir:
 
     def resolved_max_steps(self) -> int:
         """The updates the run planned (after a time budget's plan), from ``run_config.json``."""
-        return int(read_json(self.run_config)["resolved"]["max_steps"])
+        resolved = read_json_object(self.run_config).get("resolved")
+        steps = resolved.get("max_steps") if isinstance(resolved, dict) else None
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+            raise ValueError(
+                f"{self.run_config}: field resolved.max_steps is {steps!r}, expected a count of updates; "
+                "the file is damaged: run the stage again"
+            )
+        return steps
 
     def sweep_debris(self) -> list[Path]:
         """Remove what an interrupted write left (hidden ``.*.tmp`` files and folders); returns them."""
