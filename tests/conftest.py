@@ -31,6 +31,25 @@ def data_dir() -> Path:
     return DATA_DIR
 
 
+# The small tokenizer's vocabulary: 256 bytes, <|endoftext|> and 255 merges.
+SMALL_VOCAB = 512
+
+
+@pytest.fixture(scope="session")
+def small_tokenizer(data_dir, tmp_path_factory) -> Path:
+    """A byte-level BPE of SMALL_VOCAB tokens learned from Alice in Wonderland, for tests where any
+    byte-level tokenizer will do: it loads and saves in milliseconds (GPT-2's takes a third of a
+    second each way, and every prepare does both), and a model over it has a small output layer."""
+    from gptkit.tokenizer.train import train_bpe
+
+    directory = tmp_path_factory.mktemp("small_tokenizer")
+    tokenizer = train_bpe(
+        [data_dir / "gutenberg" / "pg11.txt"], vocab_size=SMALL_VOCAB, out_dir=directory, show_progress=False
+    )
+    assert len(tokenizer) == SMALL_VOCAB
+    return directory
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_threads():
     torch.manual_seed(0)

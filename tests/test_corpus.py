@@ -80,8 +80,8 @@ def gzip_members(data: bytes) -> bytes:
     return gzip.compress(data[:half]) + gzip.compress(data[half:])
 
 
-def test_every_row_format_gives_the_shards_of_the_same_json_lines(data_dir, tmp_path):
-    tokenizer = data_dir / "gpt2_bpe"
+def test_every_row_format_gives_the_shards_of_the_same_json_lines(small_tokenizer, tmp_path):
+    tokenizer = small_tokenizer
     plain = tmp_path / "docs.jsonl"
     plain.write_bytes(jsonl_bytes(DOCS))
     expected = prepared(tokenizer, [plain], tmp_path / "out-jsonl")
@@ -102,19 +102,19 @@ def test_every_row_format_gives_the_shards_of_the_same_json_lines(data_dir, tmp_
     assert meta["counts"]["val"] > 0
 
 
-def test_compressed_text_gives_the_shards_of_the_plain_text(data_dir, tmp_path):
+def test_compressed_text_gives_the_shards_of_the_plain_text(data_dir, small_tokenizer, tmp_path):
     text = (data_dir / "gutenberg" / "pg11.txt").read_bytes()[:40_000]
     plain = tmp_path / "alice.txt"
     plain.write_bytes(text)
     (tmp_path / "alice.txt.gz").write_bytes(gzip.compress(text))
     (tmp_path / "alice.txt.zst").write_bytes(zstd_frames(text))
-    expected = prepared(data_dir / "gpt2_bpe", [plain], tmp_path / "out")
+    expected = prepared(small_tokenizer, [plain], tmp_path / "out")
     for name in ("alice.txt.gz", "alice.txt.zst"):  # the held-out lines too: by decompressed bytes
-        assert prepared(data_dir / "gpt2_bpe", [tmp_path / name], tmp_path / f"out-{name}") == expected
+        assert prepared(small_tokenizer, [tmp_path / name], tmp_path / f"out-{name}") == expected
 
 
-def test_a_folder_of_parquet_shards_is_read_in_name_order(data_dir, tmp_path):
-    tokenizer = data_dir / "gpt2_bpe"
+def test_a_folder_of_parquet_shards_is_read_in_name_order(small_tokenizer, tmp_path):
+    tokenizer = small_tokenizer
     folder = tmp_path / "hub-clone"
     (folder / "data").mkdir(parents=True)
     (folder / ".cache").mkdir()
@@ -202,8 +202,10 @@ def damaged_inputs(tmp_path: Path) -> dict[str, tuple[Path, str]]:
     return cases
 
 
-def test_damaged_and_foreign_files_stop_in_one_line_and_leave_the_old_shards(data_dir, tmp_path, capsys):
-    tokenizer = data_dir / "gpt2_bpe"
+def test_damaged_and_foreign_files_stop_in_one_line_and_leave_the_old_shards(
+    small_tokenizer, tmp_path, capsys
+):
+    tokenizer = small_tokenizer
     good = tmp_path / "good.jsonl"
     good.write_bytes(jsonl_bytes(DOCS))
     out = tmp_path / "shards"
@@ -225,8 +227,8 @@ def test_damaged_and_foreign_files_stop_in_one_line_and_leave_the_old_shards(dat
         ]
 
 
-def test_text_field_names_the_column_and_jsonl_field_still_works(data_dir, tmp_path, capsys):
-    tokenizer = str(data_dir / "gpt2_bpe")
+def test_text_field_names_the_column_and_jsonl_field_still_works(small_tokenizer, tmp_path, capsys):
+    tokenizer = str(small_tokenizer)
     reference = tmp_path / "docs.jsonl"
     reference.write_bytes(jsonl_bytes(DOCS))
     expected = prepared(Path(tokenizer), [reference], tmp_path / "expected")
@@ -256,12 +258,12 @@ def test_text_field_names_the_column_and_jsonl_field_still_works(data_dir, tmp_p
         )
 
 
-def test_a_missing_optional_package_names_the_extra(data_dir, tmp_path, monkeypatch, capsys):
+def test_a_missing_optional_package_names_the_extra(small_tokenizer, tmp_path, monkeypatch, capsys):
     parquet = write_parquet(tmp_path / "docs.parquet", {"text": DOCS})
     (tmp_path / "docs.jsonl.zst").write_bytes(zstd_frames(jsonl_bytes(DOCS)))
     for module in ("pyarrow", "pyarrow.parquet", "zstandard"):
         monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError
-    tokenizer = str(data_dir / "gpt2_bpe")
+    tokenizer = str(small_tokenizer)
     for path, package in ((parquet, "pyarrow"), (tmp_path / "docs.jsonl.zst", "zstandard")):
         code, err = prepare_in_shell(
             capsys, str(path), "--tokenizer", tokenizer, "--out", str(tmp_path / "out")
@@ -274,11 +276,11 @@ def test_a_missing_optional_package_names_the_extra(data_dir, tmp_path, monkeypa
 
 
 @pytest.mark.slow
-def test_errors_strict_replace_and_ignore_on_bytes_that_are_not_utf8(data_dir, tmp_path, capsys):
+def test_errors_strict_replace_and_ignore_on_bytes_that_are_not_utf8(small_tokenizer, tmp_path, capsys):
     """--errors: strict stops naming file, line and column; replace gives the shards of the text
     with U+FFFD written in, warning with the count; ignore gives those of the text without the bytes.
     The references are clean UTF-8 files prepared the ordinary way."""
-    tokenizer = data_dir / "gpt2_bpe"
+    tokenizer = small_tokenizer
     lines = [f"Line {i}: the quick brown fox jumps over the lazy dog.\n".encode() for i in range(40)]
     lines[6] = b"Line 6: caf\xe9 au lait, and \xff\xfe twice.\n"  # 3 bytes that are not UTF-8, line 7
     rows = [json.dumps({"text": line.decode()}).encode() + b"\n" for line in lines[:6]]
@@ -331,8 +333,8 @@ def test_errors_strict_replace_and_ignore_on_bytes_that_are_not_utf8(data_dir, t
             )
 
 
-def test_binary_files_are_refused_unless_ignore_and_nul_bytes_always(data_dir, tmp_path):
-    tokenizer = data_dir / "gpt2_bpe"
+def test_binary_files_are_refused_unless_ignore_and_nul_bytes_always(small_tokenizer, tmp_path):
+    tokenizer = small_tokenizer
     latin1 = tmp_path / "latin1.txt"  # every accent a byte that is not UTF-8: 5% of the file
     latin1.write_bytes("café déjà vu, à bientôt. ".encode("latin-1") * 40)
     with pytest.raises(ValueError, match=r"latin1.txt: not UTF-8 text .*or pass --errors ignore"):

@@ -105,10 +105,10 @@ GOOD, BAD = ["wonderful", "great", "superb", "lovely"], ["awful", "dreadful", "b
 
 
 @pytest.fixture(scope="module")
-def base_dir(tmp_path_factory, data_dir) -> Path:
-    """A small 'pre-trained' GPT-2-form model (random weights) with GPT-2's tokenizer."""
+def base_dir(tmp_path_factory, small_tokenizer) -> Path:
+    """A small 'pre-trained' GPT-2-form model (random weights) with a small byte-level tokenizer."""
     directory = tmp_path_factory.mktemp("base")
-    tokenizer = Tokenizer.from_pretrained(data_dir / "gpt2_bpe")
+    tokenizer = Tokenizer.from_pretrained(small_tokenizer)
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=len(tokenizer), context_length=32, n_layer=2, n_head=2, d_model=16)
     GPT(config).save_pretrained(directory)

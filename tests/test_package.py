@@ -88,10 +88,12 @@ def link_distributions(names: set[str], into: Path) -> None:
 @pytest.fixture(scope="module")
 def installed(built, tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("fresh")
-    venv.EnvBuilder(with_pip=True).create(root / "venv")
+    # No pip of its own (ensurepip takes seconds): this environment's pip installs into it.
+    venv.EnvBuilder(with_pip=False).create(root / "venv")
     python = root / "venv" / "bin" / "python"
+    install = ["install", "-q", "--no-deps", "--no-index", str(built["wheel"])]
     subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(built["wheel"])],
+        [sys.executable, "-m", "pip", "--python", str(python), *install],
         check=True,
         capture_output=True,
         text=True,

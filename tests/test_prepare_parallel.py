@@ -26,19 +26,19 @@ def assert_same_shards(one: dict[str, bytes], two: dict[str, bytes]) -> None:
         assert one[name] == two[name], f"{name} differs between 1 and 2 workers"
 
 
-def test_two_workers_write_the_same_plain_text_shards_as_one(data_dir, tmp_path):
+def test_two_workers_write_the_same_plain_text_shards_as_one(data_dir, small_tokenizer, tmp_path):
     books = [data_dir / "gutenberg" / name for name in ("pg11.txt", "pg16.txt")]
-    one = prepared(data_dir / "gpt2_bpe", books, tmp_path / "one", val_fraction=0.1, workers=1)
-    two = prepared(data_dir / "gpt2_bpe", books, tmp_path / "two", val_fraction=0.1, workers=2)
+    one = prepared(small_tokenizer, books, tmp_path / "one", val_fraction=0.1, workers=1)
+    two = prepared(small_tokenizer, books, tmp_path / "two", val_fraction=0.1, workers=2)
     assert_same_shards(one, two)
     assert json.loads(two["meta.json"])["counts"]["val"] > 0
 
 
-def test_this_process_and_its_helpers_share_the_batches(data_dir, tmp_path, monkeypatch):
+def test_this_process_and_its_helpers_share_the_batches(data_dir, small_tokenizer, tmp_path, monkeypatch):
     """workers=N: this process tokenizes batches too (while the helpers hold TASKS_AHEAD each), and
     the interleaving of its batches with the helpers' still writes one worker's shards."""
     books = [data_dir / "gutenberg" / name for name in ("pg11.txt", "pg16.txt")]  # ~7 batches
-    one = prepared(data_dir / "gpt2_bpe", books, tmp_path / "one", workers=1)
+    one = prepared(small_tokenizer, books, tmp_path / "one", workers=1)
     monkeypatch.setattr(tokenizing, "TASKS_AHEAD", 1)
     here = []  # texts tokenized in this process (the helpers run their own copy of the module)
     original = tokenizing._encode
@@ -48,9 +48,7 @@ def test_this_process_and_its_helpers_share_the_batches(data_dir, tmp_path, monk
     n_pieces = sum(1 for _ in read_pieces(corpus_files(books), "text", 0.05))
     for workers in (2, 3):
         here.clear()
-        assert_same_shards(
-            one, prepared(data_dir / "gpt2_bpe", books, tmp_path / f"w{workers}", workers=workers)
-        )
+        assert_same_shards(one, prepared(small_tokenizer, books, tmp_path / f"w{workers}", workers=workers))
         # The helpers take the first batches; this process takes some of the rest, never all.
         assert 0 < len(here) < n_pieces
 
@@ -75,15 +73,15 @@ def jsonl_corpus(data_dir: Path, path: Path) -> Path:
     return path
 
 
-def test_two_workers_write_the_same_jsonl_shards_as_one(data_dir, tmp_path):
+def test_two_workers_write_the_same_jsonl_shards_as_one(data_dir, small_tokenizer, tmp_path):
     docs = jsonl_corpus(data_dir, tmp_path / "docs.jsonl")
     options = dict(val_fraction=0.1)
-    one = prepared(data_dir / "gpt2_bpe", [docs], tmp_path / "one", workers=1, **options)
-    two = prepared(data_dir / "gpt2_bpe", [docs], tmp_path / "two", workers=2, **options)
+    one = prepared(small_tokenizer, [docs], tmp_path / "one", workers=1, **options)
+    two = prepared(small_tokenizer, [docs], tmp_path / "two", workers=2, **options)
     assert_same_shards(one, two)
 
 
-def test_a_bad_jsonl_line_gives_the_same_error_with_workers(data_dir, tmp_path):
+def test_a_bad_jsonl_line_gives_the_same_error_with_workers(data_dir, small_tokenizer, tmp_path):
     docs = jsonl_corpus(data_dir, tmp_path / "docs.jsonl")
     lines = docs.read_text(encoding="utf-8").splitlines()
     bad_line = len(lines) - 10  # far past the first batches handed to the workers
@@ -94,19 +92,19 @@ def test_a_bad_jsonl_line_gives_the_same_error_with_workers(data_dir, tmp_path):
     for workers in (1, 2):
         out = tmp_path / f"out{workers}"
         with pytest.raises(ValueError, match=rf"bad.jsonl, line {bad_line}: no field 'text'") as error:
-            prepare(data_dir / "gpt2_bpe", [bad], out, show_progress=False, workers=workers)
+            prepare(small_tokenizer, [bad], out, show_progress=False, workers=workers)
         messages.append(str(error.value))
         assert not list(out.glob("*.bin*"))  # no shard, no temporary file left behind
     assert messages[0] == messages[1]
     with pytest.raises(ValueError, match="workers must be at least 1"):
-        prepare(data_dir / "gpt2_bpe", [bad], tmp_path / "out0", show_progress=False, workers=0)
+        prepare(small_tokenizer, [bad], tmp_path / "out0", show_progress=False, workers=0)
 
 
-def test_combining_two_halves_gives_the_concatenation_of_their_tokens(data_dir, tmp_path):
+def test_combining_two_halves_gives_the_concatenation_of_their_tokens(data_dir, small_tokenizer, tmp_path):
     halves = [data_dir / "gutenberg" / "pg11.txt"], [data_dir / "gutenberg" / "pg16.txt"]
     parts = [tmp_path / "part0", tmp_path / "part1"]
     for half, part in zip(halves, parts):
-        prepare(data_dir / "gpt2_bpe", half, part, val_fraction=0.1, show_progress=False, workers=1)
+        prepare(small_tokenizer, half, part, val_fraction=0.1, show_progress=False, workers=1)
     meta = combine(parts, tmp_path / "all", show_progress=False)
     for split in ("train", "val"):
         expected = np.concatenate([np.asarray(TokenShard.open(part, split).tokens) for part in parts])
@@ -114,7 +112,7 @@ def test_combining_two_halves_gives_the_concatenation_of_their_tokens(data_dir, 
         assert np.array_equal(combined.tokens, expected)
         assert meta["counts"][split] == len(expected)
     # The same as preparing the whole corpus in one run, which has one document per file too.
-    whole = prepared(data_dir / "gpt2_bpe", [*halves[0], *halves[1]], tmp_path / "whole", val_fraction=0.1)
+    whole = prepared(small_tokenizer, [*halves[0], *halves[1]], tmp_path / "whole", val_fraction=0.1)
     for split in ("train", "val"):
         assert (tmp_path / "all" / f"{split}.bin").read_bytes() == whole[f"{split}.bin"]
     assert (tmp_path / "all" / "tokenizer").is_dir()
@@ -127,11 +125,9 @@ def test_combining_two_halves_gives_the_concatenation_of_their_tokens(data_dir, 
         check_shard_tokenizer(tmp_path / "all", meta)
 
 
-def test_combine_refuses_parts_with_different_tokenizers(data_dir, tmp_path):
+def test_combine_refuses_parts_with_different_tokenizers(data_dir, small_tokenizer, tmp_path):
     part = tmp_path / "part"
-    prepare(
-        data_dir / "gpt2_bpe", [data_dir / "gutenberg" / "pg11.txt"], part, show_progress=False, workers=1
-    )
+    prepare(small_tokenizer, [data_dir / "gutenberg" / "pg11.txt"], part, show_progress=False, workers=1)
     other = tmp_path / "other"
     shutil.copytree(part, other)
     merges = next(p for p in (other / "tokenizer").iterdir() if p.suffix in (".bpe", ".txt"))

@@ -32,25 +32,31 @@ from gptkit.train.optim import (
     orthogonalize,
 )
 from gptkit.train.pretrain import make_evaluator
+from tests.conftest import SMALL_VOCAB
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def shards(data_dir, tmp_path_factory) -> Path:
-    """About 60k GPT-2 tokens of Alice in Wonderland, prepared once for this module."""
-    out = tmp_path_factory.mktemp("shards")
-    prepare(
-        data_dir / "gpt2_bpe",
-        [data_dir / "gutenberg" / "pg11.txt"],
-        out,
-        val_fraction=0.1,
-        show_progress=False,
-    )
+def alice_shards(tokenizer: Path, data_dir: Path, out: Path) -> Path:
+    """Alice in Wonderland prepared with ``tokenizer``, a tenth held out."""
+    prepare(tokenizer, [data_dir / "gutenberg" / "pg11.txt"], out, val_fraction=0.1, show_progress=False)
     return out
 
 
-def small_model(vocab: int = 50257, dropout: float = 0.1) -> GPT:
+@pytest.fixture(scope="module")
+def shards(data_dir, small_tokenizer, tmp_path_factory) -> Path:
+    """About 66k tokens of the small tokenizer's 512, prepared once for this module: the loop's tests
+    need real text, not GPT-2's 50,257-way output layer."""
+    return alice_shards(small_tokenizer, data_dir, tmp_path_factory.mktemp("shards"))
+
+
+@pytest.fixture(scope="module")
+def gpt2_shards(data_dir, tmp_path_factory) -> Path:
+    """About 60k GPT-2 tokens: for a loss judged against GPT-2's vocabulary."""
+    return alice_shards(data_dir / "gpt2_bpe", data_dir, tmp_path_factory.mktemp("gpt2_shards"))
+
+
+def small_model(vocab: int = SMALL_VOCAB, dropout: float = 0.1) -> GPT:
     torch.manual_seed(0)
     return GPT(
         GPTConfig(vocab_size=vocab, context_length=32, n_layer=2, n_head=2, d_model=32, dropout=dropout)
@@ -73,33 +79,37 @@ def test_prepare_writes_tokens_that_decode_to_the_corpus(shards, data_dir):
     assert train.tokens[-1] == tokenizer.special_tokens["<|endoftext|>"]  # the document's end
 
 
-def test_prepare_jsonl_and_bad_rows(data_dir, tmp_path):
+def test_prepare_jsonl_and_bad_rows(small_tokenizer, tmp_path):
     good = tmp_path / "docs.jsonl"
     good.write_text("\n".join(json.dumps({"text": f"document number {i}."}) for i in range(20)) + "\n")
     meta = prepare(
-        data_dir / "gpt2_bpe",
+        small_tokenizer,
         [good],
         tmp_path / "out",
         val_fraction=0.25,
         show_progress=False,
     )
-    per_doc = len(Tokenizer.from_pretrained(data_dir / "gpt2_bpe").encode("document number 1.")) + 1
-    assert meta["counts"] == {"train": 15 * per_doc, "val": 5 * per_doc}
+    tokenizer = Tokenizer.from_pretrained(small_tokenizer)
+    lengths = [len(tokenizer.encode(f"document number {i}.")) + 1 for i in range(20)]  # + <|endoftext|>
+    held_out = sum(lengths[3::4])  # every 4th document (1 / val_fraction)
+    assert meta["counts"] == {"train": sum(lengths) - held_out, "val": held_out}
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "fine"}\n{"body": "no text field"}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl, line 2: no field 'text'"):
-        prepare(data_dir / "gpt2_bpe", [bad], tmp_path / "out2", show_progress=False)
+        prepare(small_tokenizer, [bad], tmp_path / "out2", show_progress=False)
     with pytest.raises(FileNotFoundError, match="missing.txt"):
-        prepare(data_dir / "gpt2_bpe", [tmp_path / "missing.txt"], tmp_path / "out3", show_progress=False)
+        prepare(small_tokenizer, [tmp_path / "missing.txt"], tmp_path / "out3", show_progress=False)
 
 
-def test_a_failed_prepare_leaves_the_old_shards_and_a_foreign_tokenizer_is_refused(data_dir, tmp_path):
+def test_a_failed_prepare_leaves_the_old_shards_and_a_foreign_tokenizer_is_refused(
+    data_dir, small_tokenizer, tmp_path
+):
     from gptkit.data.shards import check_shard_tokenizer
 
     good = tmp_path / "docs.jsonl"
     good.write_text("\n".join(json.dumps({"text": f"document number {i}."}) for i in range(20)) + "\n")
     out = tmp_path / "shards"
-    meta = prepare(data_dir / "gpt2_bpe", [good], out, val_fraction=0.25, show_progress=False)
+    meta = prepare(small_tokenizer, [good], out, val_fraction=0.25, show_progress=False)
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "fine"}\n["not", "an", "object"]\n')
@@ -117,8 +127,8 @@ def test_a_failed_prepare_leaves_the_old_shards_and_a_foreign_tokenizer_is_refus
         check_shard_tokenizer(out, meta)
 
 
-def test_prepare_refuses_what_is_not_text_and_reads_a_directorys_text_files(data_dir, tmp_path):
-    tokenizer = data_dir / "gpt2_bpe"
+def test_prepare_refuses_what_is_not_text_and_reads_a_directorys_text_files(small_tokenizer, tmp_path):
+    tokenizer = small_tokenizer
     binary = tmp_path / "program"
     binary.write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 4)
     with pytest.raises(ValueError, match=r"program: not a text file \(it holds NUL bytes\)"):
@@ -337,8 +347,9 @@ def loop_config(**overrides) -> TrainConfig:
 
 
 @pytest.mark.slow
-def test_loss_falls_and_files_are_written(shards, tmp_path):
-    trainer, _ = make_trainer(shards, tmp_path, loop_config(max_steps=30, eval_every=10))
+def test_loss_falls_and_files_are_written(gpt2_shards, tmp_path):
+    model = small_model(vocab=50257)
+    trainer, _ = make_trainer(gpt2_shards, tmp_path, loop_config(max_steps=30, eval_every=10), model=model)
     trainer.fit()
     records = read_metrics(tmp_path / "metrics.jsonl")
     losses = [r["loss"] for r in records if "loss" in r]

@@ -57,12 +57,13 @@ def read_wandb_run(run_dir: Path) -> tuple[dict, list[dict]]:
 
 
 @pytest.fixture(scope="module")
-def small_shards(data_dir, tmp_path_factory) -> Path:
-    """About 7k GPT-2 tokens of Alice in Wonderland: enough for a few updates of 8 windows of 32."""
+def small_shards(data_dir, small_tokenizer, tmp_path_factory) -> Path:
+    """About 13k tokens of Alice in Wonderland in the small tokenizer (test_train's small_model's
+    vocabulary): enough for a few updates of 8 windows of 32."""
     out = tmp_path_factory.mktemp("shards")
     text = out / "alice.txt"
     text.write_text((data_dir / "gutenberg" / "pg11.txt").read_text(encoding="utf-8")[:30_000])
-    prepare(data_dir / "gpt2_bpe", [text], out / "shards", val_fraction=0.1, show_progress=False)
+    prepare(small_tokenizer, [text], out / "shards", val_fraction=0.1, show_progress=False)
     return out / "shards"
 
 
