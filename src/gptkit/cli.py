@@ -340,6 +340,19 @@ def cmd_finetune(config) -> None:
     print(json.dumps(finetune(config)))
 
 
+def cmd_estimate(config) -> None:
+    from gptkit.train.estimate import (
+        FinetuneEstimateConfig,
+        estimate_finetune,
+        estimate_pretrain,
+        format_estimate,
+    )
+
+    finetuning = isinstance(config, FinetuneEstimateConfig)
+    result = estimate_finetune(config) if finetuning else estimate_pretrain(config)
+    print(json.dumps(result.to_dict()) if config.estimate.json else format_estimate(result))
+
+
 def cmd_evaluate(config) -> None:
     from gptkit.evaluate.finetuned import evaluate_labelled
 
@@ -470,6 +483,7 @@ def _commands() -> list[Command]:
     from gptkit.serve.config import ServeConfig
     from gptkit.tokenizer.base import TokenizeConfig
     from gptkit.tokenizer.train import TokenizerTrainConfig
+    from gptkit.train.estimate import FinetuneEstimateConfig, PretrainEstimateConfig
     from gptkit.train.finetune import FinetuneConfig
     from gptkit.train.pretrain import PretrainConfig
 
@@ -494,6 +508,8 @@ def _commands() -> list[Command]:
             config_file=True,
             summary="Fine-tune on a labelled task (L3 = L2 + λ·L1), with the paper's defaults.",
         ),
+        Command("estimate pretrain", (PretrainEstimateConfig,), cmd_estimate, config_file=True),
+        Command("estimate finetune", (FinetuneEstimateConfig,), cmd_estimate, config_file=True),
         Command("evaluate", (LabelledDataConfig,), cmd_evaluate),
         Command("predict", (PredictConfig,), cmd_predict),
         Command("generate", (GenerateConfig,), cmd_generate),
@@ -520,6 +536,7 @@ _GROUPS = {
     "tokenizer": "Tokenizer tools.",
     "data": "Sample datasets.",
     "analyze": "Analyses of a model.",
+    "estimate": "Memory per device of a training run, simulated on fake tensors (no data, no GPU).",
     "figure2": "The paper's Figure 2: transferred layers (left), zero-shot during pre-training (right).",
 }
 
