@@ -8,9 +8,12 @@ ValueError that names the file, says what is wrong and what to do.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
+import re
+import shutil
 import socket
 import sys
 import tempfile
@@ -36,9 +39,10 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
     skips that for throwaway runs (the test suite), which then survive a crash but not a power cut."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    tmp, hidden = None, path.parent / f".{path.name}."
     try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=hidden.name, suffix=".tmp")
+        os.close(fd)
         write(tmp)
         # Flushed before the rename, and the rename flushed after it: after a power loss the path
         # holds the old file or the new one, never a zero-length file (ext4's delayed allocation).
@@ -49,10 +53,32 @@ def atomic_write(path: str | Path, write: Callable[[str], None]) -> None:
         os.replace(tmp, path)
         if durable:
             _fsync_directory(path.parent)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as e:
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        system = isinstance(e, OSError) and type(e).__module__ == "builtins"  # not gptkit's own
+        if system and (e.filename is None or str(e.filename).startswith(str(hidden))):
+            # A full disk or a read-only folder, said of the file being written, not of its hidden
+            # temporary (or of nothing: a failed write() names no file).
+            raise OSError(e.errno, e.strerror or str(e), str(path)) from e
         raise
+
+
+# What a write meets when the disk, or the folder, cannot take it.
+DISK_ERRNOS = frozenset(
+    code for code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO) if code is not None
+)
+
+
+def free_space(path: str | Path) -> str:
+    """ "N MB are free" on the disk that holds ``path`` (or its nearest folder that exists)."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return f"{shutil.disk_usage(path).free / 1e6:,.0f} MB are free"
+    except OSError:
+        return "the free space is unknown"
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -127,10 +153,21 @@ def read_json_object(path: str | Path) -> dict[str, Any]:
 def save_safetensors(
     tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None
 ):
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
-    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+
+    def write(tmp: str) -> None:
+        try:
+            save_file(tensors, tmp, metadata=metadata)
+        except SafetensorError as e:  # its writer's I/O errors, a full disk's included
+            code = re.search(r"code: (\d+)", str(e))
+            if code is None:
+                raise
+            raise OSError(int(code.group(1)), os.strerror(int(code.group(1)))) from e
+
+    atomic_write(path, write)
 
 
 RESAVE_ADVICE = "re-download or re-save it"
@@ -159,8 +196,9 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
                 tensors[name] = file.get_tensor(name)
         return tensors
     except SafetensorError as e:
+        cause = " ".join(str(e).split())[:300]  # one line: the header's bad bytes may hold line ends
         raise ValueError(
-            f"{path}: cannot be read ({e}): the file is truncated or not a safetensors file; {RESAVE_ADVICE}"
+            f"{path}: cannot be read ({cause}): the file is truncated or not a safetensors file; {RESAVE_ADVICE}"
         ) from e
 
 

@@ -34,7 +34,7 @@ from gptkit.data.corpus import (
 )
 from gptkit.data.shards import META_NAME
 from gptkit.data.tokenizing import default_workers, encoded_here, encoded_in_pool, encoder_for
-from gptkit.io import write_json, writer_lock
+from gptkit.io import DISK_ERRNOS, free_space, write_json, writer_lock
 from gptkit.tokenizer import Tokenizer, tokenizer_digest
 
 
@@ -129,11 +129,43 @@ def prepare(
                 workers,
                 errors,
             )
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(out_dir, ignore_errors=True)
+            if isinstance(e, OSError) and e.errno in DISK_ERRNOS:
+                raise _write_failure(e, out_dir, final_dir) from e
             raise
         _swap_into_place(out_dir, final_dir)
     return meta
+
+
+@contextlib.contextmanager
+def _named(path: Path) -> Iterator[None]:
+    """An OSError of a write to ``path`` that names no file names it."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is not None:
+            raise
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from e
+
+
+def _write_failure(error: OSError, staging: Path, final_dir: Path) -> OSError:
+    """One line for shards that could not be written: the system's reason and the file (as it would
+    have been named in ``final_dir``), the free space, and that the folder is as it was (the
+    half-written ``staging`` is already removed)."""
+    where = ""
+    if error.filename:
+        name = Path(error.filename)
+        if name.is_relative_to(staging):
+            name = final_dir / name.relative_to(staging)
+            name = name.with_name(name.name.removeprefix(".").removesuffix(".tmp"))
+        where = f" ({name})"
+    kept = f"{final_dir} is as it was" if final_dir.exists() else f"nothing was written to {final_dir}"
+    return OSError(
+        error.errno,
+        f"could not write the shards of {final_dir}: {error.strerror or error}{where}; "
+        f"{free_space(final_dir)} there; {kept}",
+    )
 
 
 @dataclass
@@ -248,17 +280,20 @@ def _prepare_into(
             ) as bar,
         ):
             for split, n_bytes, ids in encoded:
-                handles[split].write(ids.tobytes())
+                with _named(tmp_paths[split]):  # write(2) names no file
+                    handles[split].write(ids.tobytes())
                 counts[split] += ids.size
                 bar.update(n_bytes)
     except BaseException:
         for handle in handles.values():
-            handle.close()
+            with contextlib.suppress(OSError):  # a full disk fails the flush too: the error is above
+                handle.close()
         for path in tmp_paths.values():
             path.unlink(missing_ok=True)
         raise
     for split, handle in handles.items():
-        handle.close()
+        with _named(tmp_paths[split]):
+            handle.close()  # flushes the last bytes
         os.replace(tmp_paths[split], out_dir / f"{split}.bin")
     meta = {
         "tokenizer": "tokenizer",

@@ -50,11 +50,12 @@ class LoRASettings:
     def __post_init__(self) -> None:
         if self.rank <= 0:
             raise ValueError(f"LoRA rank must be positive, got {self.rank}")
+        if not math.isfinite(self.alpha):
+            raise ValueError(f"LoRA alpha must be a finite number, got {self.alpha}")
         unknown = [t for t in self.targets if t not in LORA_TARGETS]
         if unknown or not self.targets:
-            raise ValueError(
-                f"LoRA targets must be some of {', '.join(LORA_TARGETS)}, got {', '.join(self.targets) or 'none'}"
-            )
+            given = ", ".join(map(repr, self.targets)) or "none"
+            raise ValueError(f"LoRA targets must be some of {', '.join(LORA_TARGETS)}, got {given}")
 
     @property
     def scaling(self) -> float:

@@ -226,7 +226,7 @@ def state_dict_from_hf(config: GPTConfig, hf_state: dict[str, torch.Tensor]) -> 
         if _SKIPPED.search(name):
             continue
         name = _OPENAI_GPT_NAMES.get(name, name)
-        if _CONV1D_WEIGHT.match(name):
+        if _CONV1D_WEIGHT.match(name) and tensor.ndim == 2:  # another shape: refused by the loader
             tensor = tensor.t()
         ours[name] = tensor
     if "wte.weight" not in ours and "lm_head.weight" in hf_state:
@@ -236,6 +236,8 @@ def state_dict_from_hf(config: GPTConfig, hf_state: dict[str, torch.Tensor]) -> 
         ours.pop("wpe.weight", None)  # the table is recomputed, never learned
     return ours
 
+
+_BLOCK_INDEX = re.compile(r"h\.(\d+)\.")
 
 # Directories -----------------------------------------------------------------------------------
 
@@ -292,7 +294,30 @@ def _read_hf_directory(directory: Path) -> Weights:
         state = read_pytorch_weights(weights_path)
     else:
         raise FileNotFoundError(f"{directory}: no {SAFETENSORS_NAME} or {PYTORCH_NAME}")
-    return Weights(config, state_dict_from_hf(config, state), str(weights_path))
+    state = state_dict_from_hf(config, state)
+    _check_shape(config, state, config_path, weights_path)
+    return Weights(config, state, str(weights_path))
+
+
+def _check_shape(
+    config: GPTConfig, state: dict[str, torch.Tensor], config_path: Path, weights_path: Path
+) -> None:
+    """The config's blocks, vocabulary, width and positions against the weights' tensors, before a
+    model of the config's shape is built: an edited or damaged config (n_layer 2³¹) is named here
+    instead of being built."""
+    blocks = {int(match.group(1)) for name in state if (match := _BLOCK_INDEX.match(name))}
+    found = {"n_layer": len(blocks)}
+    if "wte.weight" in state and state["wte.weight"].ndim == 2:
+        rows, found["d_model"] = state["wte.weight"].shape
+        found["vocab_size"] = rows - config.n_special
+    if "wpe.weight" in state and state["wpe.weight"].ndim == 2:
+        found["context_length"] = state["wpe.weight"].shape[0]
+    for name, value in found.items():
+        if getattr(config, name) != value:
+            raise ValueError(
+                f"{config_path}: {name} is {getattr(config, name)}, but {weights_path} holds {value}: "
+                "one of the two files is damaged, or they do not belong together"
+            )
 
 
 # OpenAI's original GPT-1 release (openai/finetune-transformer-lm, model/) --------------------------

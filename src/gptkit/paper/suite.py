@@ -597,8 +597,10 @@ def format_comparisons(
 
 def write_reports(out: Path, results: dict[str, dict[str, dict]], config: SuiteConfig | None = None) -> None:
     comparisons = paired_comparisons(out, results)
-    write_json(RunDir(out).results, {"results": results, "comparisons": comparisons})
     text = format_markdown(results, config) + "\n"
     if comparisons:
         text += "\n" + format_comparisons(results, comparisons) + "\n"
+    # results.json last: a rerun continues from it, so it never gets ahead of what results.md says
+    # when the disk fills between the two (each is replaced whole, or not at all).
     atomic_write(out / "results.md", lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    write_json(RunDir(out).results, {"results": results, "comparisons": comparisons})

@@ -152,7 +152,7 @@ def _load_tokenizer(directory: Path) -> Tokenizer:
         for name, path in (("encoder", encoder), ("merges", merges)):
             if not path.is_file():
                 raise FileNotFoundError(f"{config_path}: files.{name} names {path}, which is not a file")
-        if style not in _STYLES:
+        if not isinstance(style, str) or style not in _STYLES:
             raise ValueError(f"{config_path}: style {style!r} is not one of {', '.join(map(repr, _STYLES))}")
         specials = config.get("special_tokens")
         # {token: id} as gptkit writes it (the ids follow the vocabulary), or a list of tokens.
