@@ -23,13 +23,14 @@ from pathlib import Path
 from common import DATA, comparison, emit
 
 from gptkit.data.prepare import prepare
-from gptkit.demo import RECIPES, PretrainRecipe, demo_corpus
+from gptkit.demo import demo_corpus
 from gptkit.evaluate.lm import held_out_bits_per_byte
 from gptkit.hardware import resolve_device, resolve_precision
 from gptkit.io import read_json
 from gptkit.model import GPT
 from gptkit.tokenizer import train_bpe
 from gptkit.train.pretrain import pretrain
+from gptkit.train.recipes import RECIPES, PretrainRecipe
 
 
 def shards_for(vocab_size: int, work: Path, cache: dict[int, Path]) -> Path:

@@ -57,7 +57,7 @@ def models(data_dir, tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def demo(data_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("demo") / "run"
-    result = gptkit("demo", "--data", data_dir, "--out", out, "--quick")
+    result = gptkit("demo", "--data", data_dir, "--out", out, "--quick", "--seeds", "2")
     assert result.returncode == 0, result.stderr[-3000:]
     return out
 
@@ -68,20 +68,25 @@ def test_quick_demo_runs_every_stage(demo, data_dir):
     assert set(summary["sst2_dev_accuracy"]) == {"pretrained", "from_scratch", "majority_class"}
     assert summary["sst2_dev_accuracy"]["majority_class"] == pytest.approx(444 / 872)
     assert len(summary["samples"]) == 3 and all(summary["samples"].values())
-    # Each task's comparison, recomputed from the per-example outcomes each run kept.
+    # Each task's comparison over its two seeds, recomputed from the per-example outcomes each run
+    # kept, and both sides of a seed trained for the same updates.
     sizes = {"sst2": ("dev", 872), "story_cloze": ("test", 1871)}
     assert set(summary["tasks"]) == set(sizes)
     for name, result in summary["tasks"].items():
         split, size = sizes[name]
-        outcomes = {}
-        for init in ("pretrained", "from_scratch"):
-            kept = json.loads((demo / f"{name}-{init}" / "report_correct.json").read_text())
-            assert kept["split"] == split and len(kept["correct"]) == size
-            outcomes[init] = np.array(kept["correct"], dtype=float)
-            assert result[init] == pytest.approx(outcomes[init].mean())
-        paired = outcomes["pretrained"] - outcomes["from_scratch"]
-        assert result["difference"] == pytest.approx(paired.mean())
-        assert result["stderr"] == pytest.approx(paired.std(ddof=1) / np.sqrt(size))
+        outcomes = {"pretrained": [], "from_scratch": []}
+        for seed in (1337, 1338):
+            for side in outcomes:
+                kept = json.loads((demo / name / f"seed-{seed}" / side / "report_correct.json").read_text())
+                assert kept["split"] == split and len(kept["correct"]) == size
+                outcomes[side].append(np.array(kept["correct"], dtype=float))
+                steps = json.loads((demo / name / f"seed-{seed}" / side / "run_config.json").read_text())
+                assert steps["resolved"]["max_steps"] == result["per_seed"][seed - 1337]["updates"]
+        for side, runs in outcomes.items():
+            assert result[side] == pytest.approx(np.mean(runs))
+        per_seed = [a.mean() - b.mean() for a, b in zip(outcomes["pretrained"], outcomes["from_scratch"])]
+        assert result["difference"] == pytest.approx(np.mean(per_seed)) and result["seeds"] == 2
+        assert result["stderr"] > 0 and result["threshold"] >= 2.0
         assert result["metric"] == f"{split} accuracy" and 0.4 < result["majority_class"] < 0.6
     assert summary["tasks"]["sst2"]["pretrained"] == summary["sst2_dev_accuracy"]["pretrained"]
     # The tasks' unlabelled text joined pre-training: every training sentence and story opening,
@@ -100,8 +105,8 @@ def test_quick_demo_runs_every_stage(demo, data_dir):
         "tokenizer/encoder.json",
         "pretrain/model.safetensors",
         "pretrain/loss.png",
-        "sst2-pretrained/task.json",
-        "sst2-from_scratch/results.json",
+        "sst2/seed-1337/pretrained/task.json",
+        "sst2/seed-1338/from_scratch/results.json",
     ):
         assert (demo / name).exists(), name
 

@@ -163,30 +163,47 @@ def test_results_md_is_what_the_benchmarks_printed():
     assert sorted((REPO / "results").glob("*.json")), "results/ holds no benchmark's JSON"
 
 
-def test_a_demo_run_is_kept_without_its_paths_and_rendered_with_its_figures(tmp_path):
-    """`make demo` keeps its summary as results/demo.json: the figures stay, the samples and paths
-    go, and the table shows each task's difference with its paired standard error."""
+def test_a_demo_run_is_kept_without_its_samples_and_rendered_with_its_figures(tmp_path):
+    """`make keep-demo` keeps a demo's summary as results/demo.json: the figures stay, the samples go,
+    and the table shows each task's difference with its error and threshold over seeds, or, from one
+    seed a side, the difference alone."""
     sys.path.insert(0, str(REPO / "scripts"))
     import render_results
 
-    task = {"metric": "dev accuracy", "examples": 872, "pretrained": 0.7, "from_scratch": 0.65}
-    task |= {"majority_class": 0.509, "difference": 0.05, "stderr": 0.0123, "updates": 186, "path": "/x"}
+    per_seed = [
+        {"seed": 1337, "updates": 186, "pretrained": 0.72, "from_scratch": 0.65, "one_answer": {}},
+        {
+            "seed": 1338,
+            "updates": 180,
+            "pretrained": 0.68,
+            "from_scratch": 0.509,
+            "one_answer": {"from_scratch": "1"},
+        },
+    ]
+    task = {"metric": "dev accuracy", "examples": 872, "seeds": 2, "pretrained": 0.7, "from_scratch": 0.5795}
+    task |= {"majority_class": 0.509, "difference": 0.1213, "stderr": 0.0501, "threshold": 12.71}
+    task |= {"clears_threshold": False, "batch_size": 32, "per_seed": per_seed}
     summary = tmp_path / "summary.json"
     summary.write_text(
-        '{"recipe": "minutes", "pretrain": {"steps": 1234, "val_loss": 3.1}, "seconds": 600.0,'
-        f' "tasks": {{"sst2": {json.dumps(task)}}}, "samples": {{"A": "b"}}, "sampling": {{}}}}'
-    )
+        json.dumps(
+            {"recipe": "minutes", "pretrain": {"steps": 1234, "val_loss": 3.1}, "seconds": 840.0,
+             "time_budget_s": 900.0, "tasks": {"sst2": task}, "samples": {"A": "b"}, "sampling": {}}
+        )
+    )  # fmt: skip
     kept = render_results.keep("demo", summary, tmp_path / "results")
     record = json.loads(kept.read_text())
-    assert kept.name == "demo.json" and "samples" not in record and "path" not in record["tasks"]["sst2"]
+    assert kept.name == "demo.json" and "samples" not in record and record["tasks"]["sst2"] == task
     rows = "\n".join(render_results.table(record))
-    assert "1,234 pre-training updates, 10.0 minutes" in rows
-    assert "| sst2 | dev accuracy | 872 | 0.700 | 0.650 | 0.509 | +0.050 ± 0.012 | 186 |" in rows
-    del task["updates"]  # the pre-training demo's summary does not count fine-tuning's updates
+    assert "1,234 pre-training updates; 14.0 minutes of a 15-minute budget, set-up included" in rows
+    row = "| 872 | 2 | 186, 180 | 0.700 | 0.580 | 0.509 | +0.070, +0.171§ | +0.121 ± 0.050 | 12.7 | no |"
+    assert f"| sst2 | dev accuracy {row}" in rows and "§ a side answered one class on every example" in rows
+    one = task | {"seeds": 1, "stderr": None, "threshold": None, "clears_threshold": None}
+    one["per_seed"] = per_seed[:1]
     summary.write_text(
-        json.dumps({"recipe": "minutes", "pretrain": {"steps": 9}, "seconds": 60.0, "tasks": {"sst2": task}})
+        json.dumps({"recipe": "minutes", "pretrain": {"steps": 9}, "seconds": 60.0, "tasks": {"sst2": one}})
     )
     rows = "\n".join(
         render_results.table(json.loads(render_results.keep("demo", summary, tmp_path).read_text()))
     )
-    assert "| sst2 | dev accuracy | 872 | 0.700 | 0.650 | 0.509 | +0.050 ± 0.012 |\n" in rows + "\n"
+    assert "| 872 | 1 | 186 | 0.700 | 0.580 | 0.509 | +0.070 | +0.121 | — | one draw |" in rows
+    assert "±" not in rows.split("| task |")[1]  # no error in the table

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -281,7 +282,6 @@ def test_serve_by_name_answers_with_transformers_greedy_continuation(hub_home, t
 
 @pytest.mark.slow
 def test_demo_from_published_weights_pairs_both_sides_update_for_update(hub_home, tmp_path, data_dir):
-    from gptkit.data.metrics import paired_difference
     from gptkit.demo import DemoConfig, run_demo
     from gptkit.train.rundir import RunDir
 
@@ -291,19 +291,23 @@ def test_demo_from_published_weights_pairs_both_sides_update_for_update(hub_home
     )
     assert summary["recipe"] == "published" and set(summary["tasks"]) == {"sst2", "story_cloze"}
     for name, result in summary["tasks"].items():
-        sides = {side: out / f"{name}-{side}" for side in ("pretrained", "from_scratch")}
+        sides = {side: out / name / "seed-1337" / side for side in ("pretrained", "from_scratch")}
         # The same updates on both sides, from the published weights and from random ones.
-        assert RunDir(sides["pretrained"]).resolved_max_steps() == result["updates"] > 0
-        assert RunDir(sides["from_scratch"]).resolved_max_steps() == result["updates"]
+        updates = result["per_seed"][0]["updates"]
+        assert RunDir(sides["pretrained"]).resolved_max_steps() == updates > 0
+        assert RunDir(sides["from_scratch"]).resolved_max_steps() == updates
         correct = {
             s: json.loads((d / "report_correct.json").read_text())["correct"] for s, d in sides.items()
         }
         assert len(correct["pretrained"]) == len(correct["from_scratch"]) == result["examples"]
-        difference, stderr = paired_difference(correct["pretrained"], correct["from_scratch"])
-        assert (result["difference"], result["stderr"]) == pytest.approx((difference, stderr))
+        # One seed a side: the difference alone, with no error that would read as a finding.
+        assert result["difference"] == pytest.approx(
+            np.mean(correct["pretrained"]) - np.mean(correct["from_scratch"])
+        )
+        assert result["seeds"] == 1 and result["stderr"] is None
     # The random side starts from new weights of the published shape; the published side from them.
     published = GPT.from_pretrained("openai-gpt")
-    tuned = TaskModel.from_pretrained(out / "sst2-pretrained", device="cpu").gpt
+    tuned = TaskModel.from_pretrained(out / "sst2" / "seed-1337" / "pretrained", device="cpu").gpt
     assert tuned.config.n_layer == published.config.n_layer
     assert set(summary["samples"]) and all(isinstance(text, str) for text in summary["samples"].values())
 

@@ -459,6 +459,8 @@ class Command:
     run: Callable[..., None]
     config_file: bool = False  # --config FILE for the training commands
     summary: str = ""  # the help line; by default the first line of the first config's docstring
+    # --recipe NAME: named values (by flag name) under the config file's and the flags.
+    recipes: dict[str, Any] | None = None
 
     def help(self) -> str:
         return self.summary or (self.configs[0].__doc__ or "").strip().split("\n")[0]
@@ -486,6 +488,7 @@ def _commands() -> list[Command]:
     from gptkit.train.estimate import FinetuneEstimateConfig, PretrainEstimateConfig
     from gptkit.train.finetune import FinetuneConfig
     from gptkit.train.pretrain import PretrainConfig
+    from gptkit.train.recipes import RECIPES
 
     return [
         Command("download", (DownloadConfig,), cmd_download),
@@ -500,6 +503,7 @@ def _commands() -> list[Command]:
             cmd_pretrain,
             config_file=True,
             summary="Pre-train a GPT (L1) on prepared token shards.",
+            recipes=RECIPES,
         ),
         Command(
             "finetune",
@@ -560,6 +564,14 @@ def build_parser() -> argparse.ArgumentParser:
             p = commands.add_parser(group, help=summary, description=summary)
         if command.config_file:
             p.add_argument("--config", help="YAML or JSON file of the fields below; flags override it.")
+        if command.recipes:
+            p.add_argument(
+                "--recipe",
+                choices=list(command.recipes),
+                help="Start from a named recipe's shape and optimisation (minutes: the demo's, chosen for "
+                "a CPU's minutes; baseline: GPT-2 small's settings scaled down); --config and the flags "
+                "override it (default: none).",
+            )
         for cls in command.configs:
             add_dataclass_arguments(p, cls, config_file=command.config_file)
         p.set_defaults(command_spec=command)
@@ -568,7 +580,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _build_configs(command: Command, args: argparse.Namespace) -> list[Any]:
     if command.config_file:
-        file_values = _split_file_values(read_config_file(args.config), *command.configs)
+        data = read_config_file(args.config)
+        if command.recipes and args.recipe:
+            data = {**command.recipes[args.recipe].values(), **data}  # the file's values win
+        file_values = _split_file_values(data, *command.configs)
     else:
         file_values = [{} for _ in command.configs]
     return [dataclass_from_args(cls, args, values) for cls, values in zip(command.configs, file_values)]

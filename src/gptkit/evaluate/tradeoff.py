@@ -19,6 +19,7 @@ reference NLL — the calibration criterion of Holtzman et al. (2020).
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -81,35 +82,46 @@ def sweep(
     top_ps: Sequence[float | None] = (None,),
     samples_per_prompt: int = 2,
     seed: int = 0,
+    seconds: float | None = None,
 ) -> dict:
-    """Sample at every setting and measure diversity and fidelity (see the module docstring)."""
+    """Sample at every setting and measure diversity and fidelity (see the module docstring). With
+    ``seconds``, passages stop being added once that much time has passed (at least one is taken):
+    every setting is measured on the same passages."""
     model.eval()
     new_tokens = len(passages[0][1])
-    reference_nll = sum(-continuation_logprob(model, p, c)[0] for p, c in passages) / (
-        len(passages) * new_tokens
-    )
-    results = []
-    for top_p in top_ps:
-        for temperature in temperatures:
-            generator = torch.Generator().manual_seed(seed)
-            samples, nll, f1 = [], 0.0, 0.0
-            for prompt, truth in passages:
-                batch = torch.tensor([prompt] * samples_per_prompt)
-                params = SamplingParams(max_tokens=new_tokens, temperature=temperature, top_p=top_p)
-                out = generate(model, batch, params=params, generator=generator)[:, len(prompt) :].tolist()
-                for sample in out:
-                    samples.append(sample)
-                    nll -= continuation_logprob(model, prompt, sample)[0] / len(sample)
-                    f1 += _unigram_f1(sample, truth)
-            results.append(SettingResult(
-                temperature=temperature, top_p=top_p,
-                distinct_1=_distinct(samples, 1), distinct_2=_distinct(samples, 2),
-                repeated_4gram_share=sum(map(_repeats_4gram, samples)) / len(samples),
-                sample_nll=nll / len(samples), overlap_f1=f1 / len(samples)))  # fmt: skip
+    settings = [(temperature, top_p) for top_p in top_ps for temperature in temperatures]
+    # One generator per setting, each drawing passage after passage, as if the setting ran alone.
+    generators = [torch.Generator().manual_seed(seed) for _ in settings]
+    samples: list[list[list[int]]] = [[] for _ in settings]
+    nll, f1 = [0.0] * len(settings), [0.0] * len(settings)
+    reference_nll, used, started = 0.0, 0, time.perf_counter()
+    for prompt, truth in passages:
+        reference_nll -= continuation_logprob(model, prompt, truth)[0]
+        batch = torch.tensor([prompt] * samples_per_prompt)
+        for i, (temperature, top_p) in enumerate(settings):
+            params = SamplingParams(max_tokens=new_tokens, temperature=temperature, top_p=top_p)
+            out = generate(model, batch, params=params, generator=generators[i])[:, len(prompt) :].tolist()
+            for sample in out:
+                samples[i].append(sample)
+                nll[i] -= continuation_logprob(model, prompt, sample)[0] / len(sample)
+                f1[i] += _unigram_f1(sample, truth)
+        used += 1
+        if seconds is not None and time.perf_counter() - started >= seconds:
+            break
+    reference_nll /= used * new_tokens
+    results = [
+        SettingResult(
+            temperature=temperature, top_p=top_p,
+            distinct_1=_distinct(samples[i], 1), distinct_2=_distinct(samples[i], 2),
+            repeated_4gram_share=sum(map(_repeats_4gram, samples[i])) / len(samples[i]),
+            sample_nll=nll[i] / len(samples[i]), overlap_f1=f1[i] / len(samples[i]),
+        )
+        for i, (temperature, top_p) in enumerate(settings)
+    ]  # fmt: skip
     best = min(results, key=lambda r: abs(r.sample_nll - reference_nll))
     return {
         "reference_nll": reference_nll,
-        "passages": len(passages),
+        "passages": used,
         "samples_per_prompt": samples_per_prompt,
         "new_tokens": new_tokens,
         "settings": [asdict(r) for r in results],
