@@ -3,9 +3,9 @@
 A figure in those tables is what a benchmark printed, and each table is followed by how it was
 measured (METHODS, filled from the same record): they sit between two markers in docs/results.md and
 are rewritten whole, never edited by hand. `--check` only compares, and exits 1
-when the file is not what results/ renders (tests/test_docs.py runs it). `make demo` and `make
-paper` keep their figures the same way (`--keep`): the run's own summary, less its paths and
-samples, becomes results/demo.json or results/paper.json.
+when the file is not what results/ renders (tests/test_docs.py runs it). A demo's or a paper run's
+figures are kept as a step of its own (`make keep-demo`, `make keep-paper`: `--keep`): the run's own
+summary, less its samples, becomes results/demo.json or results/paper.json.
 
     python scripts/render_results.py            # rewrite the tables
     python scripts/render_results.py --check    # are they up to date?
