@@ -131,6 +131,9 @@ def process_logits(
         return logits
     if params.temperature != 1.0:
         logits = logits / params.temperature
+    # A penalty or a temperature near 0 (5e-324) overflows a logit to +inf, and softmax of inf is
+    # NaN: the largest float keeps the order and samples the same tokens.
+    logits = logits.clamp(max=torch.finfo(logits.dtype).max)
     if params.top_k is not None and params.top_k < logits.size(-1):
         kth_largest = torch.topk(logits, params.top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth_largest, float("-inf"))
@@ -139,7 +142,8 @@ def process_logits(
         sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
         probs = sorted_logits.softmax(-1)
         mass_before = probs.cumsum(-1) - probs  # probability of the tokens ranked above each one
-        remove_sorted = mass_before >= params.top_p  # the top token has mass_before 0: never removed
+        remove_sorted = mass_before >= params.top_p
+        remove_sorted[:, 0] = False  # the top token stays, even for a top_p that is 0 in float32
         remove = remove_sorted.scatter(1, order, remove_sorted)
         logits = logits.masked_fill(remove, float("-inf"))
     return logits

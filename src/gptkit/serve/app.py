@@ -37,6 +37,7 @@ from gptkit.serve.config import ServeLimits
 from gptkit.serve.engine import Engine, EngineStopped, Event, GenerationRequest, QueueFull
 from gptkit.serve.metrics import Metrics
 from gptkit.serve.models import CLASSIFY, COMPLETIONS, EMBEDDINGS, ServedModel
+from gptkit.serve.openapi import openapi_document
 from gptkit.serve.pooling_protocol import parse_classify_request, parse_embedding_request
 from gptkit.serve.protocol import (
     APIError,
@@ -221,6 +222,12 @@ def create_app(
             "model": models[0].name,
             "models": list(server.models),
         }
+
+    document = openapi_document(list(models), limits, api_key is not None)
+
+    @app.get("/openapi.json")
+    async def openapi() -> JSONResponse:
+        return JSONResponse(document)
 
     @app.get("/metrics")
     async def prometheus() -> PlainTextResponse:
