@@ -10,6 +10,9 @@ results/fuzz.json; `--render` writes them into docs/operations.md's table.
     python benchmarks/fuzz_campaign.py --inputs 200 --targets shard_meta_json corpus_jsonl
     python benchmarks/fuzz_campaign.py --render              # the table from results/fuzz.json
 
+With the readers, the server's schema campaign (tests/serve_schema.py): a `gptkit serve` without and
+one with an API key, each sent about 1,000 requests schemathesis generates from its OpenAPI document.
+
 Exit status 1 when any input failed.
 """
 
@@ -125,6 +128,13 @@ def main() -> int:
         "--out", type=Path, default=RESULTS, help="where the counts go (default results/fuzz.json)"
     )
     parser.add_argument("--render", action="store_true", help="only render --out into docs/operations.md")
+    parser.add_argument(
+        "--server-requests",
+        type=int,
+        default=300,
+        help="schemathesis examples per operation and generation mode for each of two servers, without "
+        "and with an API key (default 300: about 1,000 requests a server; 0: no server campaign)",
+    )
     args = parser.parse_args()
     if args.render:
         record = json.loads(args.out.read_text(encoding="utf-8"))
@@ -152,6 +162,9 @@ def main() -> int:
             )
             for message in row["failing_messages"]:
                 print(f"    {message}", flush=True)
+    servers = []
+    if args.server_requests:
+        servers = run_servers(args.server_requests, args.seed)
     record = {
         "benchmark": "fuzz",
         "date": datetime.date.today().isoformat(),
@@ -161,10 +174,33 @@ def main() -> int:
         "comparisons": [],  # no peer: the figures are counts (docs/operations.md renders them)
         "targets": rows,
         "total": {key: sum(row[key] for row in rows) for key in ("inputs", "loaded", "refused", "failures")},
+        "server": servers,
     }
-    print(json.dumps(record["total"]))
+    print(json.dumps({**record["total"], "server_requests": sum(s["requests"] for s in servers)}))
     write_json(args.out, record)
-    return 1 if record["total"]["failures"] else 0
+    return 1 if record["total"]["failures"] or any(s["failures"] for s in servers) else 0
+
+
+def run_servers(per_operation: int, seed: int) -> list[dict]:
+    """The schema campaign (tests/serve_schema.py) against a server without and with an API key."""
+    from tests.serve_schema import KEY, build_models, fuzz_served
+
+    servers = []
+    with tempfile.TemporaryDirectory(prefix="gptkit-serve-fuzz-") as root:
+        models = build_models(Path(root))
+        for what, key in (("no API key", None), ("API key", KEY)):
+            start = time.perf_counter()
+            result = fuzz_served(models, per_operation, seed, key, Path(root) / "server.log")
+            result.update(what=what, seconds=round(time.perf_counter() - start, 1))
+            servers.append(result)
+            print(
+                f"server ({what}): {result['requests']} requests, statuses {result['statuses']}, "
+                f"{result['failures']} failures ({result['seconds']} s)",
+                flush=True,
+            )
+            for message in result["failing"][:SHOWN_FAILURES]:
+                print(f"    {message}", flush=True)
+    return servers
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ The tests check the ids against a plain transcription of the original on real te
 
 from __future__ import annotations
 
+import functools
 import re
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -84,6 +86,14 @@ def _require_gpt1_extra():
     return ftfy, spacy
 
 
+@functools.cache
+def _spacy_tokenizer(thread: int):
+    """spaCy's English rules (``spacy.blank("en")`` takes 0.05-0.15 s), made once per thread: a
+    tokenizer keeps a cache as it runs, so threads do not share one."""
+    _, spacy = _require_gpt1_extra()
+    return spacy.blank("en").tokenizer
+
+
 class GPT1Tokenizer(Tokenizer):
     style = "gpt1"
 
@@ -101,8 +111,7 @@ class GPT1Tokenizer(Tokenizer):
         merges_path: str | Path,
         special_tokens: Sequence[str] = GPT1_SPECIAL_TOKENS,
     ):
-        _, spacy = _require_gpt1_extra()
-        self._spacy = spacy.blank("en").tokenizer
+        self._spacy = _spacy_tokenizer(threading.get_ident())
         self.encoder: dict[str, int] = read_encoder(encoder_path)
         self.merges = read_merges(merges_path)
         self.bpe = BPE(self.merges)
