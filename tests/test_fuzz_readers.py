@@ -5,6 +5,8 @@ tests/fuzz_targets.py draws, either loads or raises gptkit's own error naming th
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
@@ -48,3 +50,60 @@ def test_damaged_input_loads_or_names_the_file(target: Target, tmp_path_factory,
         try_input(target, folder, damaged, data)
 
     loads_or_refuses()
+
+
+# The damage the campaign found, each pinned down: the message names the file and what is wrong.
+
+
+def _edit_json(edit):
+    def damaged(data: bytes) -> bytes:
+        value = json.loads(data)
+        edit(value)
+        return json.dumps(value).encode()
+
+    return damaged
+
+
+def _set(path: tuple, value):
+    def edit(tree):
+        for key in path[:-1]:
+            tree = tree[key]
+        tree[path[-1]] = value
+
+    return _edit_json(edit)
+
+
+FOUND = [
+    # (target, damage, words the message holds besides the file's name)
+    ("shard_meta_json", lambda data: b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    ("dataset_cola", lambda data: data.replace(b"\n", b"\n\xe9", 1), "line 2, column 1: byte 0xe9 is not UTF-8"),
+    ("dataset_story_cloze", lambda data: data[:60] + b"\xff" + data[60:], "line 1, column 61: byte 0xff"),
+    ("dataset_mctest_ans", lambda data: b"A\tB\n" + data, "line 1: 2 answers, expected 4"),
+    ("corpus_parquet", lambda data: data[:4] + b"\0" * 40 + data[44:], "cannot be read as parquet"),
+    ("tokenizer_config_json", _set(("special_tokens",), 7), "special_tokens is not an object or a list"),
+    ("tokenizer_config_json", _set(("style",), ["bytelevel"]), "style ['bytelevel'] is not one of"),
+    ("tokenizer_config_json", _set(("files", "encoder"), "gone.json"), "files.encoder names"),
+    ("gpt1_encoder_json", _set(("the</w>",), [1]), "has id [1], expected an integer"),
+    ("gpt2_vocab_bpe", lambda data: data + b"q z\n", "1 byte sequences made by the merges in"),
+    ("checkpoint_manifest_json", _set(("files", "model.pt"), None), "unreadable manifest.json"),
+    ("run_config_json", _set(("resolved",), [24]), "field resolved.max_steps is None"),
+    ("suite_json", _set(("train",), "lr"), "field 'train' is not an object"),
+    ("model_config_json", _set(("gptkit", "n_layer"), 2**31), "n_layer is 2147483648, but"),
+    ("lora_adapter_config_json", _set(("target_modules",), ["c_attn\nx"]), "got 'c_attn\\nx'"),
+    ("lora_adapter_config_json", _set(("lora_alpha",), "NaN"), "alpha must be a finite number"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "damaged", "words"), FOUND, ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(FOUND)]
+)
+def test_damage_the_campaign_found_is_named(name, damaged, words, tmp_path, request):
+    target = next(t for t in TARGETS if t.name == name)
+    if target.needs_data:
+        request.getfixturevalue("data_dir")
+    folder, path = prepared(target, tmp_path)
+    path.write_bytes(damaged(path.read_bytes()))
+    with pytest.raises((ValueError, OSError)) as error:
+        target.load(folder)
+    message = str(error.value)
+    assert path.name in message and words in message and "\n" not in message, message
