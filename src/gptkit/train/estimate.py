@@ -9,12 +9,14 @@ tracker (``FSDPMemTracker`` for FSDP2, ``MemTracker`` otherwise) records what th
 each moment; the peak of the second update is the run's steady state (the optimizer's moments exist
 from the first step on). Nothing is allocated, so GPT-2 XL on 8 simulated GPUs takes seconds.
 
-Two differences from a real GPU remain, both stated in the output's ``target``: the fake tensors are
-CPU tensors (a CPU build of PyTorch cannot run attention on fake CUDA tensors), and CPU attention
-with dropout takes the unfused path that keeps the (T × T) scores; a GPU's fused kernels keep only
-the output and its log-sum-exp, dropout included, so for ``--target gpu`` attention runs the fused
-kernel's memory path (dropout's mask is never stored there). The CUDA context and the caching
-allocator's fragmentation are not tensors: ``--memory`` counts 90% of the card as usable.
+What differs from a real GPU is said here and in the output's ``target``. The fake tensors are CPU
+tensors (a CPU build of PyTorch cannot run attention on fake CUDA tensors), and CPU attention with
+dropout takes the unfused path that keeps the (T × T) scores, where a GPU's fused kernels keep only
+the output and its log-sum-exp, dropout included: for ``--target gpu`` the simulated attention
+layers run without dropout, which takes the CPU's fused kernel and its memory. DDP's C++ reducer
+cannot run on fake tensors: a DDP run is simulated as one process's step plus DDP's gradient
+buckets. The CUDA context and the caching allocator's fragmentation are not tensors: ``--memory``
+counts 90% of the card as usable.
 """
 
 from __future__ import annotations
@@ -30,14 +32,13 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 from gptkit.config import GPTConfig, config_error
 from gptkit.data.tasks import TaskSpec
 from gptkit.io import read_json
 from gptkit.model import GPT
 from gptkit.model.lora import add_lora
+from gptkit.model.network import CausalSelfAttention
 from gptkit.model.task import TaskModel
 from gptkit.model.weights import CONFIG_NAME, config_from_hf
 from gptkit.train.config import TrainConfig
@@ -232,16 +233,14 @@ def finetune_simulation(config: FinetuneEstimateConfig) -> Simulation:
     return Simulation(build, make_batch, finetune.training, config.estimate.devices, config.estimate.target)
 
 
-class _FusedAttentionMemory(TorchFunctionMode):
+def fused_attention_memory(model: nn.Module) -> None:
     """Attention's dropout left to the fused kernel, as on a GPU, where flash and memory-efficient
-    attention draw the mask inside the kernel and store none of it; the CPU's fused kernel has no
-    dropout and would fall back to the unfused path, which stores (T × T) per head."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = dict(kwargs or {})
-        if func is F.scaled_dot_product_attention:
-            kwargs["dropout_p"] = 0.0
-        return func(*args, **kwargs)
+    attention draw the mask inside the kernel and store none of it: the CPU's fused kernel has no
+    dropout and would fall back to the unfused path, which stores (T × T) per head. The attention
+    layers' rate is set to 0 on the simulated model (the residual dropouts stay)."""
+    for module in model.modules():
+        if isinstance(module, CausalSelfAttention):
+            module.dropout = 0.0
 
 
 @contextlib.contextmanager
@@ -294,9 +293,24 @@ def build_trainer(simulation: Simulation, ctx: DistributedContext, per_device: i
     torch.manual_seed(train.seed)
     model = simulation.build()
     _skip_input_check(model)
+    if simulation.target == "gpu":
+        fused_attention_memory(model)
+    # DDP's C++ reducer cannot run on fake tensors: the model is wrapped as for one process (the
+    # step then differs only by DDP's buckets, which simulate() adds), the Trainer runs N ranks.
+    wrap_ctx = DistributedContext() if uses_ddp(simulation) else ctx
     return Trainer(
-        wrap_model(model, ctx, train), train, _NoData(), out_dir, save_model=lambda *a: None, ctx=ctx
+        wrap_model(model, wrap_ctx, train), train, _NoData(), out_dir, save_model=lambda *a: None, ctx=ctx
     )
+
+
+def uses_ddp(simulation: Simulation) -> bool:
+    return simulation.devices > 1 and not simulation.train.fsdp
+
+
+def ddp_bucket_bytes(model: nn.Module) -> int:
+    """What DDP holds beyond one process's step: its gradient buckets, one flat copy of every
+    trained gradient, allocated when the model is wrapped (gradient_as_bucket_view is off)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
 def _skip_input_check(model: nn.Module) -> None:
@@ -366,12 +380,10 @@ def simulate(simulation: Simulation, per_device: int) -> Estimate:
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    attention = _FusedAttentionMemory() if simulation.target == "gpu" else contextlib.nullcontext()
     with (
         tempfile.TemporaryDirectory() as out_dir,
         simulated_ranks(simulation.devices) as ctx,
         FakeTensorMode(),
-        attention,
     ):
         trainer = build_trainer(simulation, ctx, per_device, out_dir)
         batch = simulation.make_batch(per_device)
@@ -398,10 +410,12 @@ def simulate(simulation: Simulation, per_device: int) -> Estimate:
     for reftype, size in snapshot.items():
         if reftype != "Total":
             by_category[_category(reftype)] += size
+    buckets = ddp_bucket_bytes(trainer.model) if uses_ddp(simulation) else 0
+    by_category["other"] += buckets
     return Estimate(
         devices=simulation.devices,
         batch_size=per_device,
-        peak_bytes=snapshot["Total"],
+        peak_bytes=snapshot["Total"] + buckets,
         by_category=by_category,
         states=states,
         target=simulation.target,

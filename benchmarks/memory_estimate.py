@@ -1,0 +1,228 @@
+"""`gptkit estimate` against measurement: the estimated peak of a training update beside the peak
+measured when the same update runs on real tensors on this CPU.
+
+Grid: GPT-2 small and medium shapes × {pretrain, fine-tune every weight, LoRA rank 8} × {no
+activation checkpointing, full}; fp32, AdamW, one device. The estimate is `gptkit estimate ...
+--target cpu` (this CPU's attention paths). The measurement runs in a fresh process: the same model
+and Trainer step (gptkit.train.estimate.build_trainer) on real tensors, two updates; its peak is
+taken above what the process held before the model was built, so it counts the parameters as the
+estimate does. Two peaks are measured: of the bytes malloc has handed out and not had back
+(glibc's mallinfo2, sampled every 2 ms: every allocation, torch's or not), the one compared; and of the resident set (VmHWM), recorded beside it, which also holds the freed memory
+the allocator keeps for reuse (a CPU's fragmentation, as a GPU's caching allocator has its own).
+The comparisons' ``ratio`` is estimated / measured (1.0 is exact; the target is within 0.85-1.15).
+Parameters, gradients and optimizer state, estimated and measured, are checked against the hand
+arithmetic (4 bytes per weight held or trained, 8 per trained weight for AdamW's two moments).
+
+  python benchmarks/memory_estimate.py [--quick]   (--quick: GPT-2 small only)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from common import emit
+
+MB = 2**20
+SHAPES = {"gpt2 small": dict(init="gpt2"), "gpt2 medium": dict(init="gpt2-medium")}
+STAGES = ("pretrain", "finetune", "lora")
+BATCH, LENGTH = 8, 256
+UPDATES = 2  # the first allocates the optimizer's moments; the second is the steady state
+
+
+def simulation(shape: str, stage: str, checkpointing: str, batch: int = BATCH):
+    """The run to estimate and measure, as gptkit.train.estimate describes it."""
+    from gptkit.train.config import TrainConfig
+    from gptkit.train.estimate import (
+        EstimateOptions,
+        FinetuneEstimateConfig,
+        PretrainEstimateConfig,
+        finetune_simulation,
+        pretrain_simulation,
+    )
+    from gptkit.train.finetune import FinetuneConfig, LoRAConfig
+    from gptkit.train.run import ModelShape
+
+    train = TrainConfig(
+        batch_size=batch, precision="fp32", activation_checkpointing=checkpointing, max_steps=UPDATES
+    )
+    options = EstimateOptions(target="cpu")
+    model = ModelShape(**SHAPES[shape], context_length=LENGTH)
+    if stage == "pretrain":
+        return pretrain_simulation(PretrainEstimateConfig(model=model, training=train, estimate=options))
+    lora = LoRAConfig(rank=8) if stage == "lora" else LoRAConfig()
+    finetune = FinetuneConfig(model=model, lora=lora, max_length=LENGTH, training=train)
+    return finetune_simulation(FinetuneEstimateConfig(finetune=finetune, estimate=options))
+
+
+def _status(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+            "keepcost",
+        )
+    ]  # fmt: skip
+
+
+class HeapInUse(threading.Thread):
+    """The peak of the bytes malloc has handed out and not had back (glibc's mallinfo2: heap chunks
+    in use plus mmapped ones), sampled every few milliseconds: every allocation, torch's or not,
+    but not the freed memory the allocator keeps (which the resident set counts)."""
+
+    def __init__(self, interval_s: float = 0.002):
+        super().__init__(daemon=True)
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        self._mallinfo2 = libc.mallinfo2
+        self._mallinfo2.restype = _MallInfo2
+        self.interval_s, self.peak, self._done = interval_s, 0, threading.Event()
+
+    def in_use(self) -> int:
+        info = self._mallinfo2()
+        return info.uordblks + info.hblkhd
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            self.peak = max(self.peak, self.in_use())
+            time.sleep(self.interval_s)
+
+    def stop(self) -> int:
+        self._done.set()
+        self.join()
+        return max(self.peak, self.in_use())
+
+
+def measure(shape: str, stage: str, checkpointing: str, batch: int = BATCH) -> dict:
+    """In this process (a fresh one): the update on real tensors. Its peak twice: of the resident
+    set, and of malloc's bytes in use (:class:`HeapInUse`), each above what the process held before
+    the model was built; and the median wall and CPU time of the updates after the first."""
+    import tempfile
+
+    import torch
+
+    from gptkit.train.estimate import build_trainer, held_states, simulated_ranks
+
+    sim = simulation(shape, stage, checkpointing, batch)
+    torch.manual_seed(0)
+    batch_tensors = sim.make_batch(batch)
+    # The peak resident set from here on (Linux: writing 5 to clear_refs resets VmHWM to VmRSS).
+    Path("/proc/self/clear_refs").write_text("5")
+    start = _status("VmRSS")
+    heap = HeapInUse()
+    heap_start = heap.in_use()
+    heap.start()
+    walls, cpus = [], []
+    with tempfile.TemporaryDirectory() as out_dir, simulated_ranks(1) as ctx:
+        trainer = build_trainer(sim, ctx, batch, out_dir)
+        for update in range(UPDATES):
+            wall, cpu = time.perf_counter(), time.process_time()
+            trainer.compute_gradients(batch_tensors)
+            if update == UPDATES - 1:
+                states = held_states(trainer)
+            trainer.apply_gradients()
+            if update:
+                walls.append(time.perf_counter() - wall)
+                cpus.append(time.process_time() - cpu)
+    return {
+        "peak_bytes": heap.stop() - heap_start,
+        "peak_rss_bytes": _status("VmHWM") - start,
+        "states": states,
+        "wall_s_per_update": round(sorted(walls)[len(walls) // 2], 2),
+        "cpu_s_per_update": round(sorted(cpus)[len(cpus) // 2], 2),
+    }
+
+
+def measured_in_fresh_process(shape: str, stage: str, checkpointing: str, batch: int = BATCH) -> dict:
+    out = subprocess.run(
+        [sys.executable, __file__, "--worker", shape, stage, checkpointing, str(batch)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def hand_arithmetic(shape: str, stage: str) -> dict[str, int]:
+    """Bytes of parameters, gradients and AdamW's moments in fp32, counted from the shape."""
+    from gptkit.config import GPTConfig
+    from gptkit.train.estimate import PUBLISHED
+
+    c = GPTConfig.from_preset(PUBLISHED[SHAPES[shape]["init"]])
+    d, layers = c.d_model, c.n_layer
+    vocab = c.total_vocab_size + (0 if stage == "pretrain" else 3)  # the special tokens' rows
+    block = 12 * d * d + 13 * d  # c_attn 3d² + 3d, c_proj d² + d, c_fc 4d² + 4d, proj 4d² + d, 2 LN 4d
+    gpt = vocab * d + c.context_length * d + layers * block + 2 * d  # + the final LayerNorm
+    head = 0 if stage == "pretrain" else 2 * d + 2  # W_y for two classes
+    total = gpt + head
+    if stage == "lora":
+        rank = 8
+        # c_attn (d → 3d), attn c_proj (d → d), c_fc (d → 4d), mlp c_proj (4d → d): A is r × in, B out × r.
+        adapters = layers * rank * ((d + 3 * d) + (d + d) + (d + 4 * d) + (4 * d + d))
+        total += adapters
+        trained = adapters + head + 3 * d  # and the special tokens' three new rows
+    else:
+        trained = total
+    return {"parameters": 4 * total, "gradients": 4 * trained, "optimizer_state": 8 * trained}
+
+
+def main(quick: bool) -> None:
+    from gptkit.train.estimate import estimate
+
+    shapes = ["gpt2 small"] if quick else list(SHAPES)
+    comparisons, rows = [], []
+    for shape in shapes:
+        for stage in STAGES:
+            for checkpointing in ("none", "full"):
+                estimated = estimate(simulation(shape, stage, checkpointing))
+                measured = measured_in_fresh_process(shape, stage, checkpointing)
+                hand = hand_arithmetic(shape, stage)
+                row = {
+                    "shape": shape,
+                    "stage": stage,
+                    "activation_checkpointing": checkpointing,
+                    "estimated_peak_mb": round(estimated.peak_bytes / MB),
+                    "measured_peak_mb": round(measured["peak_bytes"] / MB),
+                    "measured_peak_rss_mb": round(measured["peak_rss_bytes"] / MB),
+                    "wall_s_per_update": measured["wall_s_per_update"],
+                    "cpu_s_per_update": measured["cpu_s_per_update"],
+                    "estimated_states": estimated.states,
+                    "measured_states": measured["states"],
+                    "hand_arithmetic": hand,
+                    "states_equal_hand_arithmetic": estimated.states == measured["states"] == hand,
+                    "by_category_mb": {k: round(v / MB) for k, v in estimated.by_category.items()},
+                }
+                rows.append(row)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+                comparisons.append(
+                    {
+                        "what": f"estimated peak, {shape}, {stage}, checkpointing {checkpointing}, "
+                        f"batch {BATCH} × {LENGTH}, fp32",
+                        "unit": "MB",
+                        "ours": row["estimated_peak_mb"],
+                        "peer": "measured peak of malloc's bytes in use, same update",
+                        "peer_value": row["measured_peak_mb"],
+                        "ratio": round(estimated.peak_bytes / measured["peak_bytes"], 3),
+                    }
+                )
+    emit("memory_estimate", comparisons, rows=rows, batch=BATCH, length=LENGTH)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        shape, stage, checkpointing, batch = sys.argv[2:6]
+        print(json.dumps(measure(shape, stage, checkpointing, int(batch))))
+    else:
+        main(quick="--quick" in sys.argv)
