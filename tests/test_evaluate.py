@@ -27,6 +27,7 @@ from gptkit.data.metrics import (
 from gptkit.evaluate import lm
 from gptkit.evaluate.tradeoff import _distinct, _unigram_f1, passages_from_text, sweep
 from gptkit.model.layouts import quantize_int8
+from tests.conftest import SMALL_VOCAB
 
 
 def tiny_model(context=16) -> GPT:
@@ -321,7 +322,7 @@ def test_seed_paired_difference_by_hand():
         seed_paired_difference("accuracy", runs["a"], runs["b"][:1], targets)
 
 
-def test_bits_per_byte_of_a_uniform_model_is_log2_vocab_per_token(data_dir, tmp_path):
+def test_bits_per_byte_of_a_uniform_model_is_log2_vocab_per_token(small_tokenizer, tmp_path):
     """Zero output weights predict every token with probability 1/V: each scored token costs
     log2(V) bits, and the bytes are those of the held-out text as read (line ends made plain)."""
     from gptkit.data.prepare import prepare
@@ -329,18 +330,18 @@ def test_bits_per_byte_of_a_uniform_model_is_log2_vocab_per_token(data_dir, tmp_
     text = "The cat sat on the mat.\r\nAnd then it slept.\r\n" * 40
     corpus = tmp_path / "corpus.txt"
     corpus.write_bytes(text.encode("utf-8"))
-    meta = prepare(
-        data_dir / "gpt2_bpe", [corpus], tmp_path / "shards", val_fraction=0.25, show_progress=False
-    )
+    meta = prepare(small_tokenizer, [corpus], tmp_path / "shards", val_fraction=0.25, show_progress=False)
     plain = text.replace("\r\n", "\n").encode("utf-8")
     assert meta["text_bytes"]["train"] + meta["text_bytes"]["val"] == len(plain)
-    model = GPT(GPTConfig(vocab_size=50257, context_length=16, n_layer=1, n_head=2, d_model=8, dropout=0.0))
+    model = GPT(
+        GPTConfig(vocab_size=SMALL_VOCAB, context_length=16, n_layer=1, n_head=2, d_model=8, dropout=0.0)
+    )
     with torch.no_grad():
         model.wte.weight.zero_()
     result = lm.held_out_bits_per_byte(model.eval(), tmp_path / "shards")
     scored = meta["counts"]["val"] - 1  # every token but the first, whatever the window size
     assert result["tokens"] == scored
-    expected = scored * torch.log2(torch.tensor(50257.0)).item() / meta["text_bytes"]["val"]
+    expected = scored * math.log2(SMALL_VOCAB) / meta["text_bytes"]["val"]
     assert result["bits_per_byte"] == pytest.approx(expected, rel=1e-5)
 
 
@@ -473,14 +474,16 @@ def test_batched_heuristics_predict_what_one_pair_at_a_time_predicts():
     assert one["threshold"] == pytest.approx(many["threshold"], abs=1e-5)
 
 
-def test_zeroshot_over_a_run_scores_only_the_checkpoints_training_could_resume_from(data_dir, tmp_path):
+def test_zeroshot_over_a_run_scores_only_the_checkpoints_training_could_resume_from(
+    data_dir, small_tokenizer, tmp_path
+):
     """A step-* folder without its train_state.pt (a copy cut short) is not a checkpoint: it is
     not scored, and a run with none complete says so."""
     from gptkit.evaluate.zeroshot import ZeroshotConfig, run_zeroshot
     from gptkit.model.weights import save_state_dict
 
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=50257, context_length=64, n_layer=1, n_head=1, d_model=8))
+    model = GPT(GPTConfig(vocab_size=SMALL_VOCAB, context_length=64, n_layer=1, n_head=1, d_model=8))
     checkpoints = tmp_path / "run" / "checkpoints"
     for step in (2, 4, 6):
         save_state_dict(model.config, model.state_dict(), checkpoints / f"step-{step:07d}")
@@ -489,7 +492,7 @@ def test_zeroshot_over_a_run_scores_only_the_checkpoints_training_could_resume_f
     config = ZeroshotConfig(
         model=str(tmp_path / "run"),
         task="sentiment",
-        tokenizer=str(data_dir / "gpt2_bpe"),
+        tokenizer=str(small_tokenizer),
         data_dir=str(data_dir),
         limit=2,
         checkpoints=True,

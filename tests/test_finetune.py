@@ -357,7 +357,7 @@ def test_finetune_end_to_end_from_scratch(tmp_path, data_dir):
     (tmp_path / "train.csv").write_text(rows(256))
     (tmp_path / "dev.csv").write_text(rows(64))
     config = csv_config(
-        data_dir,
+        data_dir / "gpt2_bpe",
         tmp_path,
         model=ModelShape(preset="tiny", d_model=32, context_length=32),
         epochs=8,
@@ -405,24 +405,25 @@ def test_finetune_end_to_end_from_scratch(tmp_path, data_dir):
     ids=["empty dev", "header-only dev", "header-only train", "no label column"],
 )
 def test_unusable_training_files_stop_before_training_naming_file_and_column(
-    data_dir, tmp_path, train_text, dev_text, message
+    small_tokenizer, tmp_path, train_text, dev_text, message
 ):
     (tmp_path / "train.csv").write_text(train_text)
     (tmp_path / "dev.csv").write_text(dev_text)
-    config = csv_config(data_dir, tmp_path)
+    config = csv_config(small_tokenizer, tmp_path)
     with pytest.raises(ValueError, match=message):
         finetune(config)
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-def csv_config(data_dir: Path, tmp_path: Path, **overrides) -> FinetuneConfig:
-    """Fine-tuning a tiny model on tmp_path's train.csv/dev.csv (review, sentiment columns)."""
+def csv_config(tokenizer: Path, tmp_path: Path, **overrides) -> FinetuneConfig:
+    """Fine-tuning a tiny model with ``tokenizer`` on tmp_path's train.csv/dev.csv (review, sentiment
+    columns)."""
     values = dict(
         task="classification",
         train=str(tmp_path / "train.csv"),
         dev=str(tmp_path / "dev.csv"),
         columns="text=review,label=sentiment",
-        tokenizer=str(data_dir / "gpt2_bpe"),
+        tokenizer=str(tokenizer),
         model=ModelShape(preset="tiny"),
         out=str(tmp_path / "run"),
         training=dataclasses.replace(paper_finetuning(), progress=False),

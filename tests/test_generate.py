@@ -130,10 +130,16 @@ def test_context_overflow_is_a_clear_error():
         generate(model, torch.zeros(1, 60, dtype=torch.long), 10)
 
 
-def test_streamed_text_equals_generated_text_and_stops(data_dir):
-    tokenizer = Tokenizer.from_pretrained(data_dir / "gpt2_bpe")
+def test_streamed_text_equals_generated_text_and_stops(small_tokenizer):
+    tokenizer = Tokenizer.from_pretrained(small_tokenizer)
     config = GPTConfig(
-        vocab_size=50257, context_length=64, n_layer=1, n_head=2, d_model=16, ln_position="pre", dropout=0.0
+        vocab_size=len(tokenizer),
+        context_length=64,
+        n_layer=1,
+        n_head=2,
+        d_model=16,
+        ln_position="pre",
+        dropout=0.0,
     )
     model = GPT(config).eval()
     pieces = list(stream_text(model, tokenizer, "Once upon a time", max_new_tokens=20, temperature=0))

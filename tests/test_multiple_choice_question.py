@@ -130,7 +130,7 @@ def test_an_empty_question_is_a_bad_row(tmp_path):
     assert encode_examples(examples, spec, encode, skip_bad_rows=True) == ([], 1)
 
 
-def test_finetune_and_predict_with_a_question(tmp_path, data_dir):
+def test_finetune_and_predict_with_a_question(tmp_path, small_tokenizer):
     """A tiny run on a story/question/answers CSV; the saved model's predictions use the question."""
     rows = [["story", "q", "a", "b", "c", "d", "answer"]]
     for i in range(16):
@@ -147,11 +147,10 @@ def test_finetune_and_predict_with_a_question(tmp_path, data_dir):
         train=str(tmp_path / "train.csv"),
         dev=str(tmp_path / "dev.csv"),
         columns=COLUMNS,
-        tokenizer=str(data_dir / "gpt2_bpe"),
+        tokenizer=str(small_tokenizer),
         model=ModelShape(preset="tiny", d_model=32),
         out=str(tmp_path / "run"),
         epochs=1,
-        lm_coef=0.0,  # the LM loss over a 50k vocabulary would be most of the run's time
         training=dataclasses.replace(
             paper_finetuning(), lr=1e-3, batch_size=8, precision="fp32", progress=False
         ),

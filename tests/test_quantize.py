@@ -27,6 +27,7 @@ from gptkit.model.layouts import (
     load_int8,
     quantize_int8,
 )
+from tests.conftest import SMALL_VOCAB
 
 
 def test_int8_linear_is_the_rounded_matrix_times_its_row_scales(monkeypatch):
@@ -293,13 +294,12 @@ def test_bf16_without_native_bf16_multiplies_a_prompt_in_fp32(monkeypatch):
         torch.testing.assert_close(decoding(ids).logits, original(ids).logits, rtol=2e-2, atol=2e-2)
 
 
-def test_load_for_generation_uses_the_decoding_layout_for_cpu_decoding_only(tmp_path, data_dir):
+def test_load_for_generation_uses_the_decoding_layout_for_cpu_decoding_only(tmp_path, small_tokenizer):
     torch.manual_seed(0)
-    GPT(GPTConfig(vocab_size=50257, context_length=16, n_layer=1, n_head=2, d_model=16)).save_pretrained(
-        tmp_path
-    )
+    config = GPTConfig(vocab_size=SMALL_VOCAB, context_length=16, n_layer=1, n_head=2, d_model=16)
+    GPT(config).save_pretrained(tmp_path)
     for file in ("encoder.json", "vocab.bpe"):
-        (tmp_path / file).write_bytes((data_dir / "gpt2_bpe" / file).read_bytes())
+        (tmp_path / file).write_bytes((small_tokenizer / file).read_bytes())
     decoding, _ = load_for_generation(tmp_path, device="cpu")
     scoring, _ = load_for_generation(tmp_path, device="cpu", decoding=False)
     bf16, _ = load_for_generation(tmp_path, device="cpu", dtype="bfloat16")
