@@ -19,6 +19,18 @@ os.environ.setdefault("GPTKIT_FSYNC", "0")
 # test's 59 tiny updates: 0.9 s with one thread, 54 s with two on a busy 2-core machine).
 torch.set_num_threads(1)
 
+# A module whose every test is slow marks them all in this one line.
+ALL_SLOW = "\npytestmark = pytest.mark.slow"
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With -m "not slow" (`make test-fast`), a module whose every test is slow is not imported
+    only to have each test deselected: those modules' client libraries (openai, schemathesis, onnx,
+    playwright) took about a second of the fast suite's collection."""
+    if collection_path.suffix != ".py" or config.getoption("markexpr").strip() != "not slow":
+        return None
+    return ALL_SLOW in collection_path.read_text(encoding="utf-8") or None
+
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
