@@ -4,7 +4,7 @@
 #
 #   benchmarks/gpu.sh [--quick] [--device-only] [--paper]
 #
-#   --quick        the benchmarks that have a smoke mode run it (evaluate_throughput)
+#   --quick        the benchmarks that have a smoke mode run it (evaluate_throughput, memory_estimate)
 #   --device-only  skip the benchmarks that measure only the CPU (see below): a GPU machine's time
 #                  is better spent on what needs the GPU
 #   --paper        also the paper's Tables 2-3 from OpenAI's published GPT-1: `gptkit suite --init
@@ -26,6 +26,9 @@
 #   generate_throughput.py   GPTKIT_BENCH_DEVICE=cuda: greedy decoding on the GPU, fp32 and bf16
 #                            weights, the memory-bandwidth fraction against a device copy; the CPU-only
 #                            formats (the transposed fp32 layout, int8) are reported as skipped.
+#   memory_estimate.py       GPTKIT_BENCH_DEVICE=cuda: `gptkit estimate --target gpu` beside the same
+#                            training update run on the GPU, torch.cuda.max_memory_allocated (--quick:
+#                            GPT-2 small only).
 #   serve_throughput.py      no device option: it starts `gptkit serve --device cpu --dtype float32`.
 #   tokenizer_throughput.py  the tokenizers run on the CPU by nature; nothing to move to a GPU.
 #   prepare_throughput.py    corpus preparation is CPU work (tokenizing, writing shards) by nature.
@@ -43,7 +46,7 @@ for arg in "$@"; do
         --quick) quick=(--quick) ;;
         --device-only) device_only=1 ;;
         --paper) paper=1 ;;
-        -h | --help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -107,6 +110,7 @@ run evaluate_throughput --device cuda --dtype float32 "${quick[@]}"
 run evaluate_throughput --device cuda --dtype bfloat16 "${quick[@]}"
 GPTKIT_BENCH_DEVICE=cuda run train_throughput
 GPTKIT_BENCH_DEVICE=cuda run generate_throughput
+GPTKIT_BENCH_DEVICE=cuda run memory_estimate "${quick[@]}"
 if [ "$device_only" = 0 ]; then
     for name in serve_throughput tokenizer_throughput prepare_throughput; do
         run "$name"

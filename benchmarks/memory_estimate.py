@@ -13,6 +13,9 @@ The comparisons' ``ratio`` is estimated / measured (1.0 is exact; the target is 
 Parameters, gradients and optimizer state, estimated and measured, are checked against the hand
 arithmetic (4 bytes per weight held or trained, 8 per trained weight for AdamW's two moments).
 
+On a GPU (GPTKIT_BENCH_DEVICE=cuda, as benchmarks/gpu.sh runs it) the update runs there, the
+measured peak is torch.cuda.max_memory_allocated, and the estimate is `--target gpu`'s.
+
   python benchmarks/memory_estimate.py [--quick]   (--quick: GPT-2 small only)
 """
 
@@ -27,7 +30,7 @@ import threading
 import time
 from pathlib import Path
 
-from common import emit
+from common import DEVICE, emit, synchronize
 
 MB = 2**20
 SHAPES = {"gpt2 small": dict(init="gpt2"), "gpt2 medium": dict(init="gpt2-medium")}
@@ -52,7 +55,7 @@ def simulation(shape: str, stage: str, checkpointing: str, batch: int = BATCH):
     train = TrainConfig(
         batch_size=batch, precision="fp32", activation_checkpointing=checkpointing, max_steps=UPDATES
     )
-    options = EstimateOptions(target="cpu")
+    options = EstimateOptions(target="gpu" if DEVICE.startswith("cuda") else "cpu")
     model = ModelShape(**SHAPES[shape], context_length=LENGTH)
     if stage == "pretrain":
         return pretrain_simulation(PretrainEstimateConfig(model=model, training=train, estimate=options))
@@ -113,31 +116,41 @@ def measure(shape: str, stage: str, checkpointing: str, batch: int = BATCH) -> d
 
     import torch
 
-    from gptkit.train.estimate import build_trainer, held_states, simulated_ranks
+    from gptkit.train.distributed import DistributedContext
+    from gptkit.train.estimate import build_trainer, held_states
 
     sim = simulation(shape, stage, checkpointing, batch)
     torch.manual_seed(0)
     batch_tensors = sim.make_batch(batch)
+    device = torch.device(DEVICE)
     # The peak resident set from here on (Linux: writing 5 to clear_refs resets VmHWM to VmRSS).
     Path("/proc/self/clear_refs").write_text("5")
     start = _status("VmRSS")
     heap = HeapInUse()
     heap_start = heap.in_use()
     heap.start()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        device_start = torch.cuda.memory_allocated()
     walls, cpus = [], []
-    with tempfile.TemporaryDirectory() as out_dir, simulated_ranks(1) as ctx:
-        trainer = build_trainer(sim, ctx, batch, out_dir)
+    with tempfile.TemporaryDirectory() as out_dir, torch.device(device):
+        trainer = build_trainer(sim, DistributedContext(device=device), batch, out_dir)
         for update in range(UPDATES):
+            synchronize()
             wall, cpu = time.perf_counter(), time.process_time()
             trainer.compute_gradients(batch_tensors)
             if update == UPDATES - 1:
                 states = held_states(trainer)
             trainer.apply_gradients()
+            synchronize()
             if update:
                 walls.append(time.perf_counter() - wall)
                 cpus.append(time.process_time() - cpu)
+    heap_peak = heap.stop() - heap_start
+    if device.type == "cuda":  # the GPU's allocator's own count of the tensors' bytes
+        heap_peak = torch.cuda.max_memory_allocated() - device_start
     return {
-        "peak_bytes": heap.stop() - heap_start,
+        "peak_bytes": heap_peak,
         "peak_rss_bytes": _status("VmHWM") - start,
         "states": states,
         "wall_s_per_update": round(sorted(walls)[len(walls) // 2], 2),
@@ -212,7 +225,12 @@ def main(quick: bool) -> None:
                         f"batch {BATCH} × {LENGTH}, fp32",
                         "unit": "MB",
                         "ours": row["estimated_peak_mb"],
-                        "peer": "measured peak of malloc's bytes in use, same update",
+                        "peer": "measured peak of the same update: "
+                        + (
+                            "torch.cuda.max_memory_allocated"
+                            if DEVICE.startswith("cuda")
+                            else "malloc's bytes in use"
+                        ),
                         "peer_value": row["measured_peak_mb"],
                         "ratio": round(estimated.peak_bytes / measured["peak_bytes"], 3),
                     }

@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -422,31 +423,50 @@ def simulate(simulation: Simulation, per_device: int) -> Estimate:
     )
 
 
-def largest_batch(simulation: Simulation, memory: int, first: Estimate) -> int:
-    """The largest per-device batch whose simulated peak fits ``memory``: a guess from two points
-    (the peak grows about linearly with the batch), then steps out from the guess, doubling, until
-    a batch that fits and one that does not are one apart."""
+def largest_batch(
+    simulation: Simulation,
+    memory: int,
+    first: Estimate,
+    run: Callable[[Simulation, int], Estimate] = simulate,
+) -> int:
+    """The largest per-device batch whose simulated peak (``run``) fits ``memory``, found by
+    bisection on the simulated step, each next batch guessed from the peaks seen so far.
+
+    The peak is the larger of the optimizer step's (about constant) and the backward pass's, which
+    grows linearly with the batch (the activations are per sequence): once two peaks differ, the
+    line through them says where the memory runs out, and the guess is that batch; before, the batch
+    doubles. The answer is exact: it fits, and one more does not."""
     usable = memory * USABLE_FRACTION
     if first.peak_bytes > usable:
         return 0
-    second = simulate(simulation, first.batch_size * 2)
-    if second.peak_bytes > usable:
-        low, high = first.batch_size, first.batch_size * 2
-    else:
-        low, high = first.batch_size * 2, None
-    per_sequence = max((second.peak_bytes - first.peak_bytes) / first.batch_size, 1.0)
-    candidate = max(int(first.batch_size + (usable - first.peak_bytes) / per_sequence), 1)
-    step = 1
+    peaks = {first.batch_size: first.peak_bytes}
+    low, high = first.batch_size, None
     while high is None or high - low > 1:
-        if high is not None and not low < candidate < high:
-            candidate = (low + high) // 2
-        candidate = max(candidate, low + 1)
-        if simulate(simulation, candidate).peak_bytes <= usable:
-            low, candidate = candidate, candidate + step
+        candidate = _next_batch(peaks, low, high, usable)
+        peaks[candidate] = run(simulation, candidate).peak_bytes
+        if peaks[candidate] <= usable:
+            low = candidate
         else:
-            high, candidate = candidate, candidate - step
-        step *= 2
+            high = candidate
     return low
+
+
+def _next_batch(peaks: dict[int, int], low: int, high: int | None, usable: float) -> int:
+    """Where the line through the two nearest peaks (around ``low``) reaches ``usable``, at most 8
+    times ``low`` while nothing too large is known; doubling while the peak does not grow; always
+    strictly between ``low`` and ``high``."""
+    below = sorted(b for b in peaks if b < low)
+    other = high if high is not None else (below[-1] if below else None)
+    guess = 2 * low
+    if other is not None and peaks[other] != peaks[low]:
+        slope = (peaks[other] - peaks[low]) / (other - low)
+        if slope > 0:
+            guess = int(low + (usable - peaks[low]) // slope)
+            if high is None:  # a slope from a peak the optimizer step set is too shallow
+                guess = min(guess, 8 * low)
+    if high is not None:
+        return min(max(guess, low + 1), high - 1)
+    return max(guess, low + 1)
 
 
 def estimate(simulation: Simulation, memory: int | None = None) -> Estimate:
