@@ -9,9 +9,12 @@ What cannot be simulated here, and why:
   process are the 2-process gloo tests (tests/test_fsdp.py, tests/test_train.py).
 - CPU offload's placement: on a CPU, the device memory is host memory, so the shards are on the
   host with or without it; the policy in force is checked, and the step runs under it.
-- CUDA: a CPU build of PyTorch aborts the process on attention over fake CUDA tensors (no CUDA
-  device guard), so the training step, KV-cached generation and the server's batched step cannot
-  run on fake CUDA tensors here; they run on a GPU in benchmarks/gpu.sh.
+- CUDA placement: fake CUDA tensors can be made in a CPU build of PyTorch (shapes first, then
+  ``to_empty(device="cuda")``), but little runs on them: attention and autograd's gradient
+  accumulators abort the process (no CUDA device guard), and an in-place copy such as the KV
+  cache's write raises that PyTorch is not linked with CUDA. So the training step, KV-cached
+  generation and the server's batched step cannot be run on fake CUDA tensors here; they run on a
+  GPU in benchmarks/gpu.sh.
 """
 
 from __future__ import annotations
