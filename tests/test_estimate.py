@@ -55,6 +55,8 @@ def test_sizes_read_as_gpu_memory_is_sold():
         parse_size("lots")
     with pytest.raises(ValueError, match=r"devices.*at least 1"):
         EstimateOptions(devices=0)
+    with pytest.raises(ValueError, match=r"--fsdp shards a run across devices: give --devices N"):
+        estimate_pretrain(pretrain(fsdp=True))
 
 
 def test_published_shapes_are_known_without_downloading():

@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import re
 import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from gptkit.config import GPTConfig, config_error
+from gptkit.config import GPTConfig, check_choices, config_error
 from gptkit.data.tasks import TaskSpec
 from gptkit.io import read_json
 from gptkit.model import GPT
@@ -78,8 +79,9 @@ class EstimateOptions:
     target: Literal["gpu", "cpu"] = field(
         default="gpu",
         metadata={
-            "help": "gpu: attention as a GPU's fused kernels store it (dropout included); cpu: exactly "
-            "this CPU's training step (unfused attention when dropout is on)."
+            "help": "gpu: attention as a GPU's fused kernels store it (dropout included), and --precision "
+            "auto is bf16; cpu: exactly this CPU's training step (unfused attention when dropout is on, "
+            "auto as this CPU resolves it)."
         },
     )
     json: bool = field(default=False, metadata={"help": "Print one JSON object instead of a table."})
@@ -89,8 +91,7 @@ class EstimateOptions:
             raise config_error(self, "devices", f"must be at least 1, got {self.devices}")
         if self.memory is not None:
             parse_size(self.memory)  # raises with the expected form
-        if self.target not in ("gpu", "cpu"):
-            raise config_error(self, "target", f"must be gpu or cpu, got {self.target!r}")
+        check_choices(self)  # target
 
     @property
     def memory_bytes(self) -> int | None:
@@ -291,6 +292,8 @@ def build_trainer(simulation: Simulation, ctx: DistributedContext, per_device: i
     )
     if train.micro_batch_size and per_device % train.micro_batch_size:
         train = dataclasses.replace(train, micro_batch_size=per_device)
+    if simulation.target == "gpu" and train.precision == "auto":
+        train = dataclasses.replace(train, precision="bf16")  # what auto means on a GPU with bf16
     torch.manual_seed(train.seed)
     model = simulation.build()
     _skip_input_check(model)
@@ -385,7 +388,10 @@ def simulate(simulation: Simulation, per_device: int) -> Estimate:
         tempfile.TemporaryDirectory() as out_dir,
         simulated_ranks(simulation.devices) as ctx,
         FakeTensorMode(),
+        warnings.catch_warnings(),
     ):
+        # Not run here, so not this CPU's business: bf16's cost on it, the trackers' module hooks.
+        warnings.simplefilter("ignore")
         trainer = build_trainer(simulation, ctx, per_device, out_dir)
         batch = simulation.make_batch(per_device)
         trainer.compute_gradients(batch)
@@ -472,6 +478,8 @@ def _next_batch(peaks: dict[int, int], low: int, high: int | None, usable: float
 def estimate(simulation: Simulation, memory: int | None = None) -> Estimate:
     """The run's per-device memory at its configured batch; with ``memory``, also the largest
     per-device batch that fits."""
+    if simulation.train.fsdp and simulation.devices == 1:
+        raise ValueError("--fsdp shards a run across devices: give --devices N with N > 1")
     per_device = simulation.train.batch_size // simulation.devices
     if simulation.train.batch_size % simulation.devices:
         raise ValueError(
