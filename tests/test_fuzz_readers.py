@@ -89,6 +89,9 @@ FOUND = [
     ("run_config_json", _set(("resolved",), [24]), "field resolved.max_steps is None"),
     ("suite_json", _set(("train",), "lr"), "field 'train' is not an object"),
     ("model_config_json", _set(("gptkit", "n_layer"), 2**31), "n_layer is 2147483648, but"),
+    ("model_config_json", _set(("gptkit", "vocab_size"), 64.0), "vocab_size must be an integer, got 64.0"),
+    ("model_config_json", _set(("gptkit", "dropout"), json.loads("[" * 500 + "]" * 500)),
+     "nested more than 100 deep"),
     ("lora_adapter_config_json", _set(("target_modules",), ["c_attn\nx"]), "got 'c_attn\\nx'"),
     ("lora_adapter_config_json", _set(("lora_alpha",), "NaN"), "alpha must be a finite number"),
 ]  # fmt: skip

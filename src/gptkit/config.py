@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import types
 import typing
 from dataclasses import dataclass, field
@@ -100,6 +102,17 @@ class GPTConfig:
     )
 
     def __post_init__(self) -> None:
+        # Types first: a config.json edited by hand may hold 64.0, "64" or true where 64 belongs.
+        for name in ("vocab_size", "context_length", "n_layer", "n_head", "d_model", "n_special"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        for name in ("dropout", "layer_norm_eps", "init_std"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if not isinstance(self.scale_residual_init, bool):
+            raise ValueError(f"scale_residual_init must be true or false, got {self.scale_residual_init!r}")
         if self.d_model % self.n_head != 0:
             raise ValueError(
                 f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head}): "

@@ -104,13 +104,25 @@ def write_json(path: str | Path, data: Any) -> None:
     atomic_write(path, write)
 
 
+MAX_JSON_DEPTH = 100  # far beyond any file gptkit reads; a deeper value breaks repr() and ==
+
+
 def json_loads(text: str | bytes) -> Any:
-    """``json.loads``, with nesting deeper than Python's recursion limit (``[[[[...`` a hundred
-    thousand deep) reported as the JSONDecodeError it is, not a RecursionError."""
+    """``json.loads``, with nesting deeper than :data:`MAX_JSON_DEPTH` (``[[[[...`` a hundred
+    thousand deep) reported as a JSONDecodeError, not a RecursionError (here, or later when the
+    value is compared or printed in a message)."""
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except RecursionError:
         raise json.JSONDecodeError("nested too deeply to be read", "", 0) from None
+    containers = [(value, 1)] if isinstance(value, (dict, list)) else []
+    while containers:  # iteratively: the check itself must not recurse
+        container, depth = containers.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise json.JSONDecodeError(f"nested more than {MAX_JSON_DEPTH} deep", "", 0)
+        children = container.values() if isinstance(container, dict) else container
+        containers.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return value
 
 
 def read_json(path: str | Path) -> Any:
