@@ -3,8 +3,12 @@
 For each published shape, stage (fine-tuning every weight, LoRA rank 8, pre-training) and activation
 checkpointing (none, full), on one GPU and on 8 with DDP or FSDP2: the simulated training update's
 peak per device (gptkit.train.estimate: two Trainer updates on fake tensors, bf16 autocast, AdamW,
-attention as a GPU's fused kernels store it), and the largest per-device batch whose peak fits 90% of
-each memory size, by the bisection of `gptkit estimate ... --memory SIZE`.
+attention as a GPU's fused kernels store it) as a function of the per-device batch: the optimizer
+step's peak, and the backward pass's, which grows linearly with the batch, from three simulated
+batches; each cell is the largest batch whose peak fits 90% of the memory, as `gptkit estimate ...
+--memory SIZE` finds it by bisection on the simulated step (they agree: the line is exact where the
+activations set the peak). DDP's peak is one process's plus its gradient buckets, as the estimate
+computes it.
 
   python scripts/what_fits.py [--models gpt2,gpt2-medium] > table.md
 """
@@ -12,7 +16,6 @@ each memory size, by the bisection of `gptkit estimate ... --memory SIZE`.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 
@@ -20,12 +23,11 @@ from gptkit.config import GPTConfig
 from gptkit.train.config import TrainConfig
 from gptkit.train.estimate import (
     PUBLISHED,
-    Estimate,
+    USABLE_FRACTION,
     EstimateOptions,
     FinetuneEstimateConfig,
     PretrainEstimateConfig,
     finetune_simulation,
-    largest_batch,
     pretrain_simulation,
     simulate,
 )
@@ -53,29 +55,28 @@ def simulation(model: str, stage: str, checkpointing: str, devices: int, fsdp: b
     return finetune_simulation(FinetuneEstimateConfig(finetune, options))
 
 
-def largest_batches(model: str, stage: str, checkpointing: str, devices: int, fsdp: bool) -> list[int]:
-    """The largest per-device batch for each memory size (one GPU of each of SINGLE and 8 × CLUSTER
-    with DDP, or 8 × CLUSTER with FSDP2), by gptkit.train.estimate.largest_batch's bisection; the
-    simulated peaks are shared between the sizes. DDP's peak is one process's plus its gradient
-    buckets, as the estimate computes it."""
-    sim = simulation(model, stage, checkpointing, devices, fsdp)
-    peaks: dict[int, Estimate] = {}
+def peak_line(sim) -> tuple[int, float, float]:
+    """The simulated peak as a function of the per-device batch b: max(step, fixed + per_sequence·b).
+    The optimizer step's peak (``step``, read where it sets the peak, at one sequence) does not
+    depend on b; the backward pass's grows linearly with it (the activations are per sequence), so
+    two batches whose peak the backward pass sets give the line."""
+    one = simulate(sim, 1)
+    step = one.peak_bytes if one.by_category["activations"] == 0 else 0
+    batch = 8
+    while (low := simulate(sim, batch)).by_category["activations"] == 0:
+        batch *= 4  # the step still sets the peak: go where the activations do
+    high = simulate(sim, 2 * batch)
+    per_sequence = (high.peak_bytes - low.peak_bytes) / batch
+    return step, low.peak_bytes - per_sequence * batch, per_sequence
 
-    def run(simulation, batch: int) -> Estimate:
-        if batch not in peaks:
-            peaks[batch] = simulate(simulation, batch)
-        return peaks[batch]
 
-    first = run(sim, 1)
-    if fsdp:
-        return [largest_batch(sim, CLUSTER * GIB, first, run)]
-    sizes = [largest_batch(sim, size * GIB, first, run) for size in SINGLE]
-
-    def with_buckets(simulation, batch: int) -> Estimate:
-        one = run(simulation, batch)
-        return dataclasses.replace(one, peak_bytes=one.peak_bytes + one.states["gradients"])
-
-    return [*sizes, largest_batch(sim, CLUSTER * GIB, with_buckets(sim, 1), with_buckets)]
+def largest(line: tuple[int, float, float], gib: int, extra: int = 0) -> int:
+    """The largest batch whose peak (plus ``extra`` bytes) fits 90% of ``gib``."""
+    step, fixed, per_sequence = line
+    usable = gib * GIB * USABLE_FRACTION - extra
+    if step > usable or fixed + per_sequence > usable:
+        return 0
+    return int((usable - fixed) // per_sequence)
 
 
 def main() -> None:
@@ -90,8 +91,12 @@ def main() -> None:
         length = GPTConfig.from_preset(PUBLISHED[model]).context_length
         for stage in STAGES:
             for checkpointing in ("none", "full"):
-                cells = largest_batches(model, stage, checkpointing, 1, False)
-                cells += largest_batches(model, stage, checkpointing, 8, True)
+                alone = simulation(model, stage, checkpointing, 1, False)
+                single = peak_line(alone)
+                buckets = simulate(alone, 1).states["gradients"]  # DDP's: one copy of the gradients
+                sharded = peak_line(simulation(model, stage, checkpointing, 8, True))
+                cells = [largest(single, g) for g in SINGLE]
+                cells += [largest(single, CLUSTER, buckets), largest(sharded, CLUSTER)]
                 shown = [f"{b} × {length}" if b else "—" for b in cells]
                 stage_name = {"finetune": "fine-tune", "lora": "LoRA r=8", "pretrain": "pre-train"}[stage]
                 print(
