@@ -644,6 +644,19 @@ def test_a_failed_first_checkpoint_says_there_is_none_to_resume_from(shards, tmp
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == []
 
 
+def test_loss_png_is_drawn_at_each_checkpoint_and_never_twice_for_the_same_records(
+    shards, tmp_path, monkeypatch
+):
+    import gptkit.train.metrics_log as metrics_log
+
+    drawn = []  # the records each drawing of loss.png showed
+    monkeypatch.setattr(metrics_log, "plot_metrics", lambda metrics, png: drawn.append(read_metrics(metrics)))
+    trainer, _ = make_trainer(shards, tmp_path, loop_config())  # checkpoints at 3, 6 and 8 (the end)
+    trainer.fit()
+    assert [records[-1]["step"] for records in drawn] == [3, 6, 8]
+    assert drawn[-1] == read_metrics(tmp_path / "metrics.jsonl")  # the whole run, drawn once at its end
+
+
 def test_tensorboard_gets_the_same_numbers_as_metrics_jsonl(shards, tmp_path, monkeypatch):
     event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     trainer, _ = make_trainer(shards, tmp_path, loop_config(log_to=["tensorboard"]))

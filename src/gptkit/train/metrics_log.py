@@ -30,6 +30,7 @@ class MetricsLogger:
 
     def __init__(self, run_dir: RunDir, writers: tuple[MetricsWriter, ...] = (), enabled: bool = True):
         self.run_dir, self.writers, self.enabled = run_dir, writers, enabled
+        self.plotted = False  # whether loss.png shows every record logged
 
     def log(self, record: dict) -> None:
         if not self.enabled:
@@ -39,6 +40,7 @@ class MetricsLogger:
             f.write(json.dumps(record) + "\n")
         for writer in self.writers:
             writer.write(record)
+        self.plotted = False
 
     def records(self) -> list[dict]:
         return read_metrics(self.run_dir.metrics)
@@ -50,10 +52,13 @@ class MetricsLogger:
         kept = [r for r in self.records() if r["step"] <= step]
         text = "".join(json.dumps(r) + "\n" for r in kept)
         atomic_write(self.run_dir.metrics, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+        self.plotted = False
 
     def plot(self) -> None:
-        if self.enabled:
+        """Draws loss.png, unless it already shows every record (a run's last checkpoint drew it)."""
+        if self.enabled and not self.plotted:
             plot_metrics(self.run_dir.metrics, self.run_dir.loss_plot)
+            self.plotted = True
 
     def close(self) -> None:
         for writer in self.writers:
