@@ -85,15 +85,18 @@ TASKS = {
 
 
 @pytest.fixture(scope="module")
-def model_dir(data_dir, tmp_path_factory) -> Path:
-    """A tiny random GPT-2-shaped model with GPT-2's tokenizer, as a model directory."""
+def model_dir(small_tokenizer, tmp_path_factory) -> Path:
+    """A tiny random GPT-2-shaped model with a small byte-level tokenizer, as a model directory."""
+    tokenizer = Tokenizer.from_pretrained(small_tokenizer)
     torch.manual_seed(0)
     model = GPT(
-        GPTConfig(vocab_size=50257, context_length=CONTEXT, n_layer=1, n_head=2, d_model=32, dropout=0.0)
+        GPTConfig(
+            vocab_size=len(tokenizer), context_length=CONTEXT, n_layer=1, n_head=2, d_model=32, dropout=0.0
+        )
     )
     directory = tmp_path_factory.mktemp("model")
     model.save_pretrained(directory)
-    Tokenizer.from_pretrained(data_dir / "gpt2_bpe").save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
     return directory
 
 
