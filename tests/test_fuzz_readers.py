@@ -6,6 +6,8 @@ tests/fuzz_targets.py draws, either loads or raises gptkit's own error naming th
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
@@ -76,6 +78,8 @@ def _set(path: tuple, value):
 FOUND = [
     # (target, damage, words the message holds besides the file's name)
     ("shard_meta_json", lambda data: b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    ("shard_meta_json", _set(("tokenizer",), "tok\nenizer"), "field 'tokenizer' is 'tok\\nenizer', expected"),
+    ("shard_meta_json", _set(("dtype",), "0\u00d2"), "is not an unsigned integer type numpy knows"),
     ("dataset_cola", lambda data: data.replace(b"\n", b"\n\xe9", 1), "line 2, column 1: byte 0xe9 is not UTF-8"),
     ("dataset_story_cloze", lambda data: data[:60] + b"\xff" + data[60:], "line 1, column 61: byte 0xff"),
     ("dataset_mctest_ans", lambda data: b"A\tB\n" + data, "line 1: 2 answers, expected 4"),
@@ -110,3 +114,16 @@ def test_damage_the_campaign_found_is_named(name, damaged, words, tmp_path, requ
         target.load(folder)
     message = str(error.value)
     assert path.name in message and words in message and "\n" not in message, message
+
+
+def test_operations_md_shows_the_campaigns_counts():
+    """docs/operations.md's table is benchmarks/fuzz_campaign.py's rendering of results/fuzz.json."""
+    repo = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(repo / "benchmarks"))
+    try:
+        import fuzz_campaign
+    finally:
+        sys.path.remove(str(repo / "benchmarks"))
+    record = json.loads((repo / "results" / "fuzz.json").read_text(encoding="utf-8"))
+    assert all(row["inputs"] >= 10_000 for row in record["targets"]), "a campaign of fewer inputs"
+    assert fuzz_campaign.render(record) in (repo / "docs" / "operations.md").read_text(encoding="utf-8")

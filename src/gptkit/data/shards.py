@@ -28,8 +28,15 @@ META_NAME = "meta.json"
 def check_shard_tokenizer(data_dir: str | Path, meta: dict) -> None:
     """Refuse shards whose ``tokenizer/`` folder is not the one they were made with (shards written
     before the fingerprint existed are taken as they are)."""
-    expected = meta.get("tokenizer_sha256")
-    folder = Path(data_dir) / meta.get("tokenizer", "tokenizer")
+    expected, name = meta.get("tokenizer_sha256"), meta.get("tokenizer", "tokenizer")
+    if not (isinstance(name, str) and name.isprintable() and name not in ("", ".", "..")) or (
+        "/" in name or "\\" in name
+    ):
+        raise ValueError(
+            f"{Path(data_dir) / META_NAME}: field 'tokenizer' is {name!r}, expected the name of the "
+            f"tokenizer's folder beside it; {_REPREPARE}"
+        )
+    folder = Path(data_dir) / name
     if expected and tokenizer_digest(folder) != expected:
         raise ValueError(
             f"{folder}: not the tokenizer these shards were made with (meta.json's tokenizer_sha256 "
@@ -82,7 +89,7 @@ def read_meta(data_dir: str | Path) -> dict:
             )
     try:
         kind = np.dtype(meta["dtype"]).kind
-    except TypeError:
+    except (TypeError, ValueError):  # ValueError: a string numpy reads as a format it refuses
         kind = None
     if kind != "u":
         raise ValueError(
