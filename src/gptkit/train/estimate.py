@@ -140,13 +140,12 @@ def parse_size(text: str) -> int:
 # The model ------------------------------------------------------------------------------------
 
 
-def model_config(shape: ModelShape, vocab_size: int | None = None) -> GPTConfig:
+def model_config(shape: ModelShape) -> GPTConfig:
     """The GPTConfig a run of ``shape`` builds: a preset with overrides, or ``init``'s (a published
     name, known here, or a folder with a config.json), whose shape overrides may only shorten the
     context, as :func:`gptkit.train.run.build_model` allows."""
     if not shape.init:
-        extra = {} if vocab_size is None else {"vocab_size": vocab_size}
-        return GPTConfig.from_preset(shape.preset, **{**extra, **shape.overrides()})
+        return GPTConfig.from_preset(shape.preset, **shape.overrides())
     name = shape.init.removeprefix("openai-community/")
     if name in PUBLISHED:
         loaded = GPTConfig.from_preset(PUBLISHED[name])
@@ -188,8 +187,8 @@ def sequence_length(shape: ModelShape, config: GPTConfig, max_length: int | None
 class Simulation:
     """One estimate's inputs: the model to build, the loop's settings, the batch's shape."""
 
-    build: Any  # () -> nn.Module, called under fake tensors
-    make_batch: Any  # (sequences) -> dict of fake tensors
+    build: Callable[[], nn.Module]  # called under fake tensors
+    make_batch: Callable[[int], dict]  # sequences -> the batch (fake tensors under fake tensors)
     train: TrainConfig
     devices: int
     target: str
