@@ -98,6 +98,7 @@ FOUND = [
      "nested more than 100 deep"),
     ("lora_adapter_config_json", _set(("target_modules",), ["c_attn\nx"]), "got 'c_attn\\nx'"),
     ("lora_adapter_config_json", _set(("lora_alpha",), "NaN"), "alpha must be a finite number"),
+    ("lora_adapter_config_json", _set(("r",), float("inf")), "bad LoRA settings (cannot convert float infinity"),
 ]  # fmt: skip
 
 

@@ -246,7 +246,7 @@ def read_adapter(directory: str | Path) -> tuple[LoRASettings, str | None, dict[
             float(config["lora_alpha"]),
             tuple([targets] if isinstance(targets, str) else targets),
         )
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, OverflowError) as e:  # OverflowError: "r": Infinity
         raise ValueError(f"{path}: bad LoRA settings ({e})") from e
     state = adapter_to_state(
         read_safetensors(directory / ADAPTER_WEIGHTS_NAME), str(directory / ADAPTER_WEIGHTS_NAME)
