@@ -32,6 +32,7 @@ from typing import Literal
 
 from gptkit.data.formats import (
     DataError,
+    batch_values,
     check_text_column,
     content_size,
     dataset_files,
@@ -273,7 +274,7 @@ def _table_documents(file: CorpusFile, text_field: str) -> Iterator[tuple[str | 
     arrow files one after the other; a batch's bytes go with its last row."""
     for part in file.parts():
         for first, batch, read in table_batches(part, [text_field]):
-            texts = batch.column(0).to_pylist()
+            texts = batch_values(part, first, batch.column(0))
             for offset, text in enumerate(texts):
                 if text is None:
                     raise DataError(f"{part}, row {first + offset}: field {text_field!r} is null, not text")

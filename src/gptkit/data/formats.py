@@ -298,5 +298,17 @@ def table_batches(path: Path, columns: list[str] | None = None) -> Iterator[tupl
 def table_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(row index, {column: value}) of every row of a parquet or arrow file, a batch at a time."""
     for first, batch, _ in table_batches(path):
-        for offset, row in enumerate(batch.to_pylist()):
+        for offset, row in enumerate(batch_values(path, first, batch)):
             yield first + offset, row
+
+
+def batch_values(path: Path, first: int, batch) -> list:
+    """A pyarrow batch (or column) as Python values; a damaged file's string that is not UTF-8 is a
+    DataError naming the file and the batch's rows."""
+    try:
+        return batch.to_pylist()
+    except UnicodeDecodeError as e:
+        rows = f"rows {first} to {first + len(batch) - 1}"
+        raise DataError(
+            f"{path}, {rows}: a string that is not UTF-8 ({e.reason}): the file is damaged"
+        ) from e
