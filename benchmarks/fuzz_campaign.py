@@ -107,6 +107,8 @@ def render(record: dict) -> str:
             f"| server: {campaign['what']} | OpenAPI document | {campaign['requests']:,} requests | — | — | "
             f"{campaign['failures']:,} | — |"
         )
+    if record.get("note"):
+        lines += ["", f"{record['note']}."]
     return "\n".join([*lines, "", END])
 
 
