@@ -89,8 +89,33 @@ def init_distributed(device: str | None = "auto") -> DistributedContext:
         torch.cuda.set_device(local_rank)  # one GPU per process, as torchrun numbers them
         torch_device = torch.device("cuda", local_rank)
     if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if torch_device.type == "cuda" else "gloo")
+        _init_process_group("nccl" if torch_device.type == "cuda" else "gloo", rank, world_size)
     return DistributedContext(rank=rank, world_size=world_size, local_rank=local_rank, device=torch_device)
+
+
+def _init_process_group(backend: str, rank: int, world_size: int) -> None:
+    """Start the process group, in a store of its own each time torchrun forms the group.
+
+    torchrun's agent keeps one store for a job's whole life, and a group it starts again after a
+    failure (``--max-restarts``, a node back) meets in it under the same keys as the group before:
+    reading a key the new process has not written yet, a process finds the old one's address, where
+    no one listens any more, and the group fails to form ("Connection refused"), restart after
+    restart. So each group that forms counts itself in the store, and the next one takes keys of
+    its own: all its processes read the count before any of them raises it."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        dist.init_process_group(backend)  # torch's env:// rendezvous: a new store every time
+        return
+    agent = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False
+    )
+    formed = agent.add("gptkit/groups_formed", 0)  # an atomic read
+    dist.init_process_group(
+        backend, store=dist.PrefixStore(f"gptkit/group-{formed}", agent), rank=rank, world_size=world_size
+    )
+    # Every process of this group has read the count (NCCL: on this process's GPU, set above).
+    dist.barrier(device_ids=[torch.cuda.current_device()] if backend == "nccl" else None)
+    if rank == 0:
+        agent.add("gptkit/groups_formed", 1)
 
 
 def shutdown_distributed() -> None:

@@ -56,6 +56,7 @@ from gptkit.train.run import (
     base_vocab_size,
     build_model,
     resume_latest,
+    resuming,
     run_config,
     run_stage,
 )
@@ -460,7 +461,7 @@ def _finetune(
         metrics = task_metrics(spec, logits, [e.target for e in encoded_dev])
         return {f"dev_{k}": v for k, v in metrics.items()}
 
-    best = BestModel(out_dir, metric, save_model, ctx, config.resume)
+    best = BestModel(out_dir, metric, save_model, ctx, resuming(config.resume))
     examples = {"train": len(encoded_train), "dev": len(encoded_dev)}
     trainer = Trainer(
         wrap_model(model, ctx, train),
@@ -483,7 +484,7 @@ def _finetune(
     )
     if ctx.is_main:
         tokenizer.save_pretrained(out_dir)
-    if config.resume:
+    if resuming(config.resume):  # --resume, or a worker group torchrun restarted
         resume_latest(trainer, load_model_state)
     trainer.fit()
     if ctx.is_main and config.merge and best.best.get("step") is not None:

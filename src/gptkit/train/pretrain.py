@@ -27,6 +27,7 @@ from gptkit.train.run import (
     base_vocab_size,
     build_model,
     resume_latest,
+    resuming,
     run_config,
     run_stage,
 )
@@ -119,7 +120,7 @@ def pretrain(config: PretrainConfig) -> dict[str, float]:
         )
         if ctx.is_main:
             tokenizer.save_pretrained(out_dir)
-        if config.resume:
+        if resuming(config.resume):  # --resume, or a worker group torchrun restarted
             resume_latest(trainer, read_state_dict)
         try:
             metrics = trainer.fit()

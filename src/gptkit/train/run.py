@@ -125,6 +125,19 @@ def base_vocab_size(tokenizer: Tokenizer) -> int:
     return tokenizer.vocab_size + (tokenizer.n_special if tokenizer.style == "bytelevel" else 0)
 
 
+def restarted_by_torchrun() -> bool:
+    """Whether this process belongs to a worker group that torchrun started again after a failure
+    (``--max-restarts``): a lost worker, a killed node. Its command is the first one's, without
+    --resume, yet it must continue the run, not refuse its directory."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0
+
+
+def resuming(resume: bool) -> bool:
+    """Whether a stage continues the run in its directory: asked to (--resume), or restarted by
+    torchrun, which then continues from the newest complete checkpoint on its own."""
+    return resume or restarted_by_torchrun()
+
+
 def check_run_dir(out_dir: Path, resume: bool) -> None:
     """A run directory is never overwritten: it must be new, or resumed."""
     if not resume and RunDir(out_dir).holds_a_run():
@@ -149,7 +162,7 @@ def run_stage(out_dir: Path, resume: bool, command: str, device: str | None) -> 
     """
     is_main = int(os.environ.get("RANK", "0")) == 0
     with RunDir(out_dir).writer_lock(command) if is_main else contextlib.nullcontext():
-        check_run_dir(out_dir, resume)
+        check_run_dir(out_dir, resuming(resume))
         ctx = init_distributed(device)
         try:
             yield ctx
@@ -159,12 +172,15 @@ def run_stage(out_dir: Path, resume: bool, command: str, device: str | None) -> 
 
 def resume_latest(trainer: Trainer, load_model_state: Callable[[Path], dict[str, torch.Tensor]]) -> None:
     """Continue ``trainer``'s run from its newest complete checkpoint; a run that stopped before its
-    first checkpoint starts again from update 0 (the same run: its seeds decide everything)."""
+    first checkpoint starts again from update 0 (the same run: its seeds decide everything). Called
+    where :func:`resuming` says so."""
     checkpoint = trainer.latest_checkpoint()
     if checkpoint is not None:
         trainer.resume(checkpoint, load_model_state)
         return
-    if not trainer.run_dir.run_config.exists():  # no run started here: a mistyped --out, say
+    # No run started here (a mistyped --out, say), unless torchrun restarted a run that failed
+    # before writing anything.
+    if not trainer.run_dir.run_config.exists() and not restarted_by_torchrun():
         raise FileNotFoundError(f"--resume: no checkpoint in {trainer.run_dir.checkpoints}")
     if trainer.ctx.is_main:
         print(

@@ -1,0 +1,181 @@
+"""A lost worker under torchrun: with ``--max-restarts`` the agent starts the group again, and the run
+continues from its newest complete checkpoint, ending on the weights of a run never interrupted
+(data order, every rank's random state and the schedule resume exactly). The same with two torchrun
+agents as two nodes of one job (c10d rendezvous on 127.0.0.1): one node killed whole, then started
+again with --resume. Processes over gloo on the CPU, a tiny model, dropout on (so the restored
+random states matter)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.test_train import alice_shards
+
+psutil = pytest.importorskip("psutil")
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS, CHECKPOINT_EVERY = 160, 20
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def shards(data_dir, small_tokenizer, tmp_path_factory) -> Path:
+    return alice_shards(small_tokenizer, data_dir, tmp_path_factory.mktemp("shards"))
+
+
+def pretrain_args(shards: Path, out: Path) -> list[str]:
+    return [
+        *("-m", "gptkit", "pretrain", "--data", str(shards), "--out", str(out), "--preset", "tiny"),
+        *("--context-length", "32", "--batch-size", "8", "--micro-batch-size", "2", "--dropout", "0.1"),
+        *("--max-steps", str(STEPS), "--warmup-steps", "2", "--checkpoint-every", str(CHECKPOINT_EVERY)),
+        *("--keep-checkpoints", "2", "--eval-every", "0", "--log-every", "10", "--precision", "fp32"),
+        "--no-progress",
+    ]
+
+
+def torchrun(*launch: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *launch]
+
+
+def wait_for_checkpoint(out: Path, process: subprocess.Popen, timeout: float = 180) -> int:
+    """The step of the first complete checkpoint, once there is one (the run still going)."""
+    latest = out / "checkpoints" / "latest.json"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if latest.exists():
+            return json.loads(latest.read_text())["step"]
+        assert process.poll() is None, "the run ended before its first checkpoint"
+        time.sleep(0.05)
+    raise AssertionError(f"no checkpoint in {out} after {timeout} s")
+
+
+def worker_of(agent: subprocess.Popen, rank: int) -> psutil.Process:
+    """The training process of global ``rank`` among the torchrun agent's children."""
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        for child in psutil.Process(agent.pid).children(recursive=True):
+            try:
+                if child.environ().get("RANK") == str(rank) and "gptkit" in child.cmdline():
+                    return child
+            except psutil.Error:  # gone, or a zombie, since the listing
+                continue
+        time.sleep(0.1)
+    raise AssertionError(f"no worker of rank {rank} under torchrun (pid {agent.pid})")
+
+
+def assert_same_weights(expected_dir: Path, got_dir: Path) -> None:
+    expected, got = load_file(expected_dir / "model.safetensors"), load_file(got_dir / "model.safetensors")
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[name], got[name]) for name in expected)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(shards, tmp_path_factory) -> Path:
+    """Two processes on one node, never interrupted: the weights every restarted run must end on."""
+    out = tmp_path_factory.mktemp("uninterrupted") / "run"
+    done = subprocess.run(
+        torchrun("--standalone", "--nproc_per_node=2", *pretrain_args(shards, out)),
+        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_a_worker_killed_after_a_checkpoint_is_restarted_and_the_run_ends_as_if_never_stopped(
+    shards, uninterrupted, tmp_path
+):
+    out = tmp_path / "run"
+    launch = torchrun("--standalone", "--nproc_per_node=2", "--max-restarts=2", *pretrain_args(shards, out))
+    agent = subprocess.Popen(launch, cwd=REPO, env=ENV, stderr=subprocess.PIPE, text=True)
+    try:
+        step = wait_for_checkpoint(out, agent)
+        worker_of(agent, rank=1).send_signal(signal.SIGKILL)
+        _, stderr = agent.communicate(timeout=600)
+    finally:
+        agent.kill()
+    assert agent.returncode == 0, stderr[-3000:]
+    assert step < STEPS
+    # The agent saw its worker killed, and the group it started again formed at the first try.
+    assert "exitcode: -9" in stderr and "connectFullMesh failed" not in stderr, stderr[-3000:]
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert max(r.get("step", 0) for r in metrics) == STEPS
+    assert_same_weights(uninterrupted, out)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def last_step(out: Path) -> int:
+    metrics = out / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    return max((json.loads(line).get("step", 0) for line in lines), default=0)
+
+
+def workers_alive(*agents: subprocess.Popen) -> bool:
+    for agent in agents:
+        try:
+            children = psutil.Process(agent.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            continue
+        for child in children:
+            try:
+                if child.status() != psutil.STATUS_ZOMBIE and "gptkit" in child.cmdline():
+                    return True
+            except psutil.Error:  # gone, or a zombie, since the listing
+                continue
+    return False
+
+
+def test_a_node_killed_whole_and_started_again_with_resume_rejoins_and_the_run_ends_as_if_never_stopped(
+    shards, uninterrupted, tmp_path
+):
+    """Two agents of one job on 127.0.0.1. Once the run is done, torch's agents wait at their exit
+    barrier (the one that stayed waits for the first rendezvous's members, 5 minutes by default), so
+    the test waits for the workers, not for the agents."""
+    out, port = tmp_path / "run", free_port()
+    nodes = (
+        "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+        "--rdzv-id=restart-test", "--max-restarts=2", "--monitor-interval=0.5",
+    )  # fmt: skip
+
+    def node(*extra: str) -> subprocess.Popen:
+        # A session of its own: killing the node kills its agent and its worker together.
+        return subprocess.Popen(
+            torchrun(*nodes, *pretrain_args(shards, out), *extra),
+            cwd=REPO, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
+
+    first = node()  # hosts the rendezvous, and stays
+    time.sleep(2)
+    second = node()
+    again = None
+    try:
+        step = wait_for_checkpoint(out, first)
+        os.killpg(second.pid, signal.SIGKILL)
+        second.wait(timeout=60)
+        again = node("--resume")  # the node back, with the same command and --resume
+        deadline = time.time() + 300
+        while time.time() < deadline and (last_step(out) < STEPS or workers_alive(first, again)):
+            assert first.poll() is None or first.returncode == 0, "the node that stayed failed"
+            time.sleep(0.5)
+    finally:
+        for process in (first, second, again):
+            if process is not None and process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    assert step < STEPS and last_step(out) == STEPS
+    assert_same_weights(uninterrupted, out)
