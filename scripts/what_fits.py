@@ -3,13 +3,13 @@
 For each published shape, stage (fine-tuning every weight, LoRA rank 8, pre-training) and activation
 checkpointing (none, full), on one GPU and on 8 with DDP or FSDP2: the simulated training update's
 peak per device (gptkit.train.estimate: two Trainer updates on fake tensors, bf16 autocast, AdamW,
-attention as a GPU's fused kernels store it) as a function of the per-device batch: the optimizer
-step's peak, and the backward pass's, which grows linearly with the batch, from three simulated
-batches (at 1, 8 and 16 sequences); each cell is the largest batch whose peak fits 90% of the memory.
-`gptkit estimate ... --memory SIZE` finds that batch by bisection on the simulated step instead, at
-several simulations a cell: checked on GPT-1, the two agree exactly up to a few hundred sequences and
-within 1% beyond (1146 against 1139 sequences with checkpointing on 80 GB). DDP's peak is one
-process's plus its gradient buckets, as the estimate computes it.
+attention as a GPU's fused kernels store it) as a function of the per-device batch (PeakCurve),
+and each cell the largest batch whose peak fits 90% of the memory. `gptkit estimate ... --memory
+SIZE` finds that batch by bisection on the simulated step, at several simulations a cell; here the
+line through the simulated peaks at 8 and 16 sequences stands in above 16 (checked on GPT-1: it agrees
+exactly up to a few hundred sequences and within 1% beyond, 1146 against 1139 sequences with
+checkpointing on 80 GB), and below 16 the bisection runs. DDP's peak is one process's plus its
+gradient buckets, as the estimate computes it.
 
   python scripts/what_fits.py [--models gpt2,gpt2-medium] > table.md
 """
@@ -56,28 +56,43 @@ def simulation(model: str, stage: str, checkpointing: str, devices: int, fsdp: b
     return finetune_simulation(FinetuneEstimateConfig(finetune, options))
 
 
-def peak_line(sim) -> tuple[int, float, float]:
-    """The simulated peak as a function of the per-device batch b: max(step, fixed + per_sequence·b).
-    The optimizer step's peak (``step``, read where it sets the peak, at one sequence) does not
-    depend on b; the backward pass's grows linearly with it (the activations are per sequence), so
-    two batches whose peak the backward pass sets give the line."""
-    one = simulate(sim, 1)
-    step = one.peak_bytes if one.by_category["activations"] == 0 else 0
-    batch = 8
-    while (low := simulate(sim, batch)).by_category["activations"] == 0:
-        batch *= 4  # the step still sets the peak: go where the activations do
-    high = simulate(sim, 2 * batch)
-    per_sequence = (high.peak_bytes - low.peak_bytes) / batch
-    return step, low.peak_bytes - per_sequence * batch, per_sequence
+class PeakCurve:
+    """The simulated peak as a function of the per-device batch b: at least the peak at one sequence
+    (more sequences never need less), and the backward pass's, which grows linearly with b once the
+    activations set it (they are per sequence), so two such batches give the line. A batch the line
+    puts below 16, where the line is extrapolated, is found by bisection on the simulated step."""
 
+    def __init__(self, sim):
+        self.sim, self.runs = sim, {}
+        self.at_one = self.peak(1)
+        batch = 8
+        while self.run(batch).by_category["activations"] == 0:
+            batch *= 4  # the optimizer step still sets the peak: go where the activations do
+        low, high = self.peak(batch), self.peak(2 * batch)
+        self.per_sequence = (high - low) / batch
+        self.fixed = low - self.per_sequence * batch
 
-def largest(line: tuple[int, float, float], gib: int, extra: int = 0) -> int:
-    """The largest batch whose peak (plus ``extra`` bytes) fits 90% of ``gib``."""
-    step, fixed, per_sequence = line
-    usable = gib * GIB * USABLE_FRACTION - extra
-    if step > usable or fixed + per_sequence > usable:
-        return 0
-    return int((usable - fixed) // per_sequence)
+    def run(self, batch: int):
+        if batch not in self.runs:
+            self.runs[batch] = simulate(self.sim, batch)
+        return self.runs[batch]
+
+    def peak(self, batch: int) -> int:
+        return self.run(batch).peak_bytes
+
+    def largest(self, gib: int, extra: int = 0) -> int:
+        """The largest batch whose peak (plus ``extra`` bytes) fits 90% of ``gib``."""
+        usable = gib * GIB * USABLE_FRACTION - extra
+        if self.at_one > usable:
+            return 0
+        guess = int((usable - self.fixed) // self.per_sequence)
+        if guess >= 16:
+            return guess
+        low, high = 1, 16  # fits, does not (or is where the line takes over)
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if self.peak(middle) <= usable else (low, middle)
+        return low
 
 
 def main() -> None:
@@ -93,11 +108,11 @@ def main() -> None:
         for stage in STAGES:
             for checkpointing in ("none", "full"):
                 alone = simulation(model, stage, checkpointing, 1, False)
-                single = peak_line(alone)
+                single = PeakCurve(alone)
                 buckets = simulate(alone, 1).states["gradients"]  # DDP's: one copy of the gradients
-                sharded = peak_line(simulation(model, stage, checkpointing, 8, True))
-                cells = [largest(single, g) for g in SINGLE]
-                cells += [largest(single, CLUSTER, buckets), largest(sharded, CLUSTER)]
+                sharded = PeakCurve(simulation(model, stage, checkpointing, 8, True))
+                cells = [single.largest(g) for g in SINGLE]
+                cells += [single.largest(CLUSTER, buckets), sharded.largest(CLUSTER)]
                 shown = [f"{b} × {length}" if b else "—" for b in cells]
                 stage_name = {"finetune": "fine-tune", "lora": "LoRA r=8", "pretrain": "pre-train"}[stage]
                 print(
