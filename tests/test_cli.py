@@ -4,6 +4,7 @@ models saved in this process."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -606,7 +607,7 @@ def test_a_nested_config_round_trips_through_json_and_the_config_file(tmp_path):
         training=dataclasses.replace(config.training, lr=1e-3),
     )
     nested.write_text('{"lora": {"rnak": 2}}')
-    with pytest.raises(ValueError, match="unknown field.*: lora_rnak"):
+    with pytest.raises(ValueError, match=r"nested\.json: unknown field\(s\): 'lora_rnak'$"):
         _configs("finetune", "--config", str(nested))
 
 
@@ -622,3 +623,36 @@ def test_a_required_field_may_come_from_the_config_file(tmp_path):
         match=r"^PretrainConfig.data \(--data\): is required: give --data, or data in --config FILE$",
     ):
         _configs("pretrain", "--lr", "0.001")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (b"training:\n  lr: \xff\n", r"run\.yaml: not UTF-8 text \(byte 16\)$"),
+        (b"model:\n  n_layer: 2\n n_head: 4\n", r"run\.yaml: not valid YAML \(line 3, column 2: .*\)$"),
+        (b"model:\n  n_layer: [2]\n", r"run\.yaml: n_layer: expected an integer, got \[2\]$"),
+        (b"model:\n  n_layer: 2.0\n", r"run\.yaml: n_layer: expected an integer, got 2\.0$"),
+        (b"training:\n  max_steps: true\n", r"run\.yaml: max_steps: expected an integer, got True$"),
+        (b"training:\n  lr: fast\n", r"run\.yaml: lr: expected a number, got 'fast'$"),
+        (b"training:\n  batch_size: null\n", r"run\.yaml: batch_size: must have a value, not null$"),
+        (b"training:\n  schedule: cosin\n", r"run\.yaml: schedule: must be one of cosine, .*, got 'cosin'$"),
+        (b"training:\n  log_to: tensorboard\n", r"run\.yaml: log_to: expected a list, got 'tensorboard'$"),
+        (b'"a\\nb": 1\n', r"run\.yaml: unknown field\(s\): 'a\\nb'$"),
+        (b"1: 2\n", r"run\.yaml: field names are strings, not 1$"),
+        # A value of the right type that the config's own checks refuse: the file is named too.
+        (b"training:\n  lr: -1\n", r"^\S*run\.yaml: TrainConfig\.lr \(--lr\): must be > 0"),
+    ],
+)
+def test_a_damaged_config_file_is_one_line_naming_the_file_and_the_field(tmp_path, text, message):
+    """What the reader fuzzing of `--config` files found: each damage gets one line that names the
+    file (and the field), never another exception."""
+    file = tmp_path / "run.yaml"
+    file.write_bytes(text)
+    with pytest.raises(ValueError) as raised:
+        _configs("pretrain", "--data", "shards", "--config", str(file))
+    assert re.search(message, str(raised.value)) and "\n" not in str(raised.value), str(raised.value)
+    # An integer where a number belongs is a number, and a flag's bad value is the flag's, not the file's.
+    file.write_text("training:\n  lr: 1\n")
+    assert _configs("pretrain", "--data", "shards", "--config", str(file))[0].training.lr == 1.0
+    with pytest.raises(ValueError, match=r"^TrainConfig\.lr \(--lr\): must be > 0"):
+        _configs("pretrain", "--data", "shards", "--config", str(file), "--lr", "-1")

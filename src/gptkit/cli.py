@@ -191,16 +191,18 @@ def dataclass_from_args(
     *,
     only: set[str] | None = None,
     prefix: str = "",
+    source: str = "config file",
 ):
     """Defaults (the ``defaults`` instance's values, when given), then values from the config file
-    (by flag name: :func:`flag_names`), then explicit flags. A field that is itself a config is built
-    the same way, from its default instance: the containing config's default for that field, which
-    may differ from the nested class's own defaults."""
+    (by flag name: :func:`flag_names`; ``source`` names the file in errors), then explicit flags. A
+    field that is itself a config is built the same way, from its default instance: the containing
+    config's default for that field, which may differ from the nested class's own defaults."""
     fields = dataclasses.fields(cls)
     values = {} if defaults is None else {f.name: getattr(defaults, f.name) for f in fields}
     file_values = file_values or {}
     hints = typing.get_type_hints(cls)
     prefix += getattr(cls, "flag_prefix", "")
+    from_file: set[str] = set()  # fields whose value the file gave
     for f in fields:
         if not f.metadata.get("cli", True):
             continue
@@ -208,14 +210,16 @@ def dataclass_from_args(
             start = values.get(f.name, _default(f))
             values[f.name] = dataclass_from_args(
                 hints[f.name], args, file_values, defaults=None if start is dataclasses.MISSING else start,
-                only=_nested_view(f, only, {})[0], prefix=prefix,
+                only=_nested_view(f, only, {})[0], prefix=prefix, source=source,
             )  # fmt: skip
             continue
         dest = prefix + f.name
         if only is not None and dest not in only:
             continue
         value = getattr(args, dest, None)
-        value = file_values.get(dest) if value is None else value
+        if value is None and dest in file_values:
+            value = _file_value(hints[f.name], file_values[dest], f"{source}: {dest}")
+            from_file.add(f.name)
         if value is not None:
             values[f.name] = tuple(value) if _base_type(hints[f.name])[2] is tuple else value
         elif f.name not in values and _default(f) is dataclasses.MISSING:
@@ -224,29 +228,81 @@ def dataclass_from_args(
             raise ValueError(
                 f"{cls.__name__}.{f.name} ({flag}): is required: give {flag}, or {dest} in --config FILE"
             )
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ValueError as e:
+        # A value the file gave failed the config's own checks (``Class.field (--flag): ...``).
+        if any(str(e).startswith(f"{cls.__name__}.{name} ") for name in from_file):
+            raise ValueError(f"{source}: {e}") from e
+        raise
+
+
+def _file_value(annotation: Any, value: Any, where: str) -> Any:
+    """A config file's value for a field annotated ``annotation``, as the flag would have parsed it:
+    of the field's type (an integer is a number too), one of its choices, a list of them for a
+    list field; otherwise a ValueError that says ``where`` (the file and the field)."""
+    kind, choices, container = _base_type(annotation)
+    if value is None:
+        if type(None) in get_args(annotation):
+            return None
+        raise ValueError(f"{where}: must have a value, not null")
+    if container is not None:
+        if not isinstance(value, list):
+            raise ValueError(f"{where}: expected a list, got {_shown(value)}")
+        return [_one_file_value(kind, choices, item, where) for item in value]
+    return _one_file_value(kind, choices, value, where)
+
+
+def _one_file_value(kind: type, choices: list | None, value: Any, where: str) -> Any:
+    expected = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(kind)
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if expected is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+        raise ValueError(f"{where}: expected {expected}, got {_shown(value)}")
+    if choices and value not in choices:
+        raise ValueError(f"{where}: must be one of {', '.join(map(str, choices))}, got {_shown(value)}")
+    return value
+
+
+def _shown(value: Any) -> str:
+    """A value as an error shows it: on one line, and short."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def read_config_file(path: str | None) -> dict[str, Any]:
     """A YAML or JSON file of fields; sections named after the config classes may group them."""
     if not path:
         return {}
-    text = Path(path).read_text(encoding="utf-8")
-    if path.endswith((".yaml", ".yml")):
-        import yaml
-
-        try:
-            data = yaml.safe_load(text) or {}
-        except yaml.YAMLError as e:
-            raise ValueError(f"{path}: not valid YAML ({e})") from e
-    else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from e
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start})") from e
+    try:
+        if path.endswith((".yaml", ".yml")):
+            data = _read_yaml(path, text)
+        else:
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from e
+    except RecursionError as e:
+        raise ValueError(f"{path}: nested too deeply to be a config file") from e
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of field names to values")
     return data
+
+
+def _read_yaml(path: str, text: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ValueError(f"{path}: not valid YAML ({where}{' '.join(str(problem).split())})") from e
 
 
 def _prefixes(cls) -> dict[str, str]:
@@ -267,6 +323,8 @@ def _flatten(data: dict[str, Any], prefixes: dict[str, str], prefix: str = "") -
     depth, a nested config's keys given its flag prefix (``lora_rank``) unless they carry it."""
     flat: dict[str, Any] = {}
     for key, value in data.items():
+        if not isinstance(key, str):
+            raise ValueError(f"field names are strings, not {_shown(key)}")
         if isinstance(value, dict):
             flat.update(_flatten(value, prefixes, prefix + prefixes.get(key, "")))
         else:
@@ -274,10 +332,13 @@ def _flatten(data: dict[str, Any], prefixes: dict[str, str], prefix: str = "") -
     return flat
 
 
-def _split_file_values(data: dict[str, Any], *classes) -> list[dict[str, Any]]:
+def _split_file_values(data: dict[str, Any], *classes, source: str = "config file") -> list[dict[str, Any]]:
     """Route flat or sectioned ({"train": {...}}) config-file values to each dataclass, by the flag
-    names it makes."""
-    flat = _flatten(data, {k: v for cls in classes for k, v in _prefixes(cls).items()})
+    names it makes; ``source`` names the file in errors."""
+    try:
+        flat = _flatten(data, {k: v for cls in classes for k, v in _prefixes(cls).items()})
+    except ValueError as e:
+        raise ValueError(f"{source}: {e}") from e
     out, claimed = [], set()
     for cls in classes:
         names = set(flag_names(cls))
@@ -285,7 +346,7 @@ def _split_file_values(data: dict[str, Any], *classes) -> list[dict[str, Any]]:
         claimed |= names
     unknown = sorted(set(flat) - claimed)
     if unknown:
-        raise ValueError(f"config file: unknown field(s): {', '.join(unknown)}")
+        raise ValueError(f"{source}: unknown field(s): {', '.join(map(_shown, unknown))}")
     return out
 
 
@@ -583,10 +644,14 @@ def _build_configs(command: Command, args: argparse.Namespace) -> list[Any]:
         data = read_config_file(args.config)
         if command.recipes and args.recipe:
             data = {**command.recipes[args.recipe].values(), **data}  # the file's values win
-        file_values = _split_file_values(data, *command.configs)
+        source = args.config or f"recipe {getattr(args, 'recipe', None)}"
+        file_values = _split_file_values(data, *command.configs, source=source)
     else:
-        file_values = [{} for _ in command.configs]
-    return [dataclass_from_args(cls, args, values) for cls, values in zip(command.configs, file_values)]
+        source, file_values = "config file", [{} for _ in command.configs]
+    return [
+        dataclass_from_args(cls, args, values, source=source)
+        for cls, values in zip(command.configs, file_values)
+    ]
 
 
 @contextlib.contextmanager
