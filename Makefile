@@ -22,7 +22,7 @@ DEMO_STARTED := $(shell date +%s)
 # beside random weights of its shape, instead of pre-training, within the same budget.
 INIT ?=
 
-.PHONY: setup demo keep-demo test test-fast bench paper keep-paper lint clean
+.PHONY: setup demo keep-demo test test-fast bench fuzz paper keep-paper lint clean
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -98,12 +98,23 @@ keep-paper: $(STAMP)
 	$(PYTHON) scripts/render_results.py --keep paper $(PAPER)/suite/results.json
 
 # Each benchmark prints its JSON and keeps it in results/; scripts/render_results.py renders them
-# into docs/results.md's tables. Decoding runs again with PyTorch held to AVX2 (a CPU without AVX-512).
+# into docs/results.md's tables (the reliability campaign's are `make fuzz`'s). Decoding runs again
+# with PyTorch held to AVX2 (a CPU without AVX-512).
 bench: $(STAMP)
 	@mkdir -p results
-	@for b in benchmarks/*.py; do GPTKIT_DATA=$(DATA) GPTKIT_RESULTS=results $(PYTHON) $$b || exit 1; done
+	@for b in benchmarks/*.py; do case $$b in *fuzz_campaign.py|*serve_soak.py) continue;; esac; \
+		GPTKIT_DATA=$(DATA) GPTKIT_RESULTS=results $(PYTHON) $$b || exit 1; done
 	GPTKIT_DATA=$(DATA) GPTKIT_RESULTS=results $(PYTHON) benchmarks/generate_throughput.py --avx2
 	$(PYTHON) scripts/render_results.py
+
+# The reliability campaign (docs/operations.md): 10,000 damaged inputs for each kind of file gptkit
+# reads, the server fuzzed from its OpenAPI document (results/fuzz.json), then 10 minutes of steady
+# load on a server (results/serve_soak.json); both rendered into operations.md (about an hour on 2
+# cores). It fails when an input failed or memory grew, after rendering what it found.
+fuzz: $(STAMP)
+	GPTKIT_DATA=$(DATA) $(PYTHON) benchmarks/fuzz_campaign.py; status=$$?; \
+		$(PYTHON) benchmarks/serve_soak.py || status=1; \
+		$(PYTHON) benchmarks/fuzz_campaign.py --render && $(PYTHON) benchmarks/serve_soak.py --render && exit $$status
 
 lint: $(STAMP)
 	$(PYTHON) -m ruff check src tests benchmarks

@@ -46,6 +46,9 @@ AREAS = {
     "demo": "The demo (`make demo`)",
     "paper": "The paper on a CPU slice (`make paper`)",
 }
+# Records a page of their own renders: the reliability campaign's (the fuzzing, the soak) go into
+# docs/operations.md (benchmarks/fuzz_campaign.py --render, benchmarks/serve_soak.py --render).
+RENDERED_ELSEWHERE = {"fuzz", "serve_soak"}
 
 # How each benchmark measures, printed under its table: at most two short paragraphs, filled from its
 # record (str.format_map), so a figure quoted here is one the benchmark printed. A "####" line is a
@@ -346,6 +349,7 @@ def keep(kind: str, source: Path, results: Path = RESULTS) -> Path:
 
 def render(results: Path = RESULTS) -> str:
     records = [json.loads(path.read_text(encoding="utf-8")) for path in sorted(results.glob("*.json"))]
+    records = [record for record in records if record["benchmark"] not in RENDERED_ELSEWHERE]
     order = list(AREAS)
     records.sort(
         key=lambda r: (
