@@ -98,13 +98,12 @@ keep-paper: $(STAMP)
 	$(PYTHON) scripts/render_results.py --keep paper $(PAPER)/suite/results.json
 
 # Each benchmark prints its JSON and keeps it in results/; scripts/render_results.py renders them
-# into docs/results.md's tables (the reliability campaign's are `make fuzz`'s). Decoding runs again
-# with PyTorch held to AVX2 (a CPU without AVX-512).
+# into docs/results.md's tables (the reliability campaign's are `make fuzz`'s). A CPU without
+# AVX-512 keeps its decoding run as generate_throughput_avx2_cpu.
 bench: $(STAMP)
 	@mkdir -p results
 	@for b in benchmarks/*.py; do case $$b in *fuzz_campaign.py|*serve_soak.py) continue;; esac; \
 		GPTKIT_DATA=$(DATA) GPTKIT_RESULTS=results $(PYTHON) $$b || exit 1; done
-	GPTKIT_DATA=$(DATA) GPTKIT_RESULTS=results $(PYTHON) benchmarks/generate_throughput.py --avx2
 	$(PYTHON) scripts/render_results.py
 
 # The reliability campaign (docs/operations.md): 10,000 damaged inputs for each kind of file gptkit

@@ -43,6 +43,8 @@ AREAS = {
     "evaluate_throughput": "Evaluation",
     "harness_throughput": "lm-evaluation-harness",
     "lora_finetune": "LoRA against full fine-tuning",
+    "activation_checkpointing": "Activation checkpointing",
+    "memory_estimate": "What fits: `gptkit estimate` against the measured peak",
     "demo": "The demo (`make demo`)",
     "paper": "The paper on a CPU slice (`make paper`)",
 }
@@ -146,6 +148,22 @@ METHODS = {
         Cloze as multiple choice and WikiText-2 as rolling log-likelihood, alternating, medians. Both
         score the same (Story Cloze accuracy {scores[gptkit][story_cloze_acc]} and
         {scores[hf][story_cloze_acc]}).""",
+    "activation_checkpointing": """
+        GPT-2 small's shape (random weights), one fp32 update of batch {batch} × {length} tokens on
+        this CPU for each mode, each in a fresh process, best of {rounds} rounds. Peak memory is the
+        C allocator's highest bytes in use during the update, above what the process held before the
+        model was built (peak RSS, which also counts freed memory the allocator keeps, is in the
+        JSON); the time is CPU time of all threads per update. `selective` keeps the outputs of the
+        linear layers and of fused attention and recomputes LayerNorm, GELU, dropout and the residual
+        adds; `full` keeps each block's input and runs the block again in the backward pass.""",
+    "memory_estimate": """
+        `gptkit estimate` (two updates of the real Trainer on fake tensors, nothing allocated) against
+        the same update on real tensors, measured as for activation checkpointing: GPT-2 small and
+        medium shapes, batch 8 × 256, fp32, AdamW, without and with `full` checkpointing; estimated /
+        measured peak, and their ratio. In every row the estimate's parameters, gradients and
+        optimizer state equal the hand arithmetic (4 bytes a parameter each, twice that for AdamW's
+        moments; LoRA's frozen weights have neither). What fits on GPUs, from the same estimate:
+        [pretraining.md](pretraining.md#4-what-fits-activation-checkpointing-and-gptkit-estimate).""",
     "lora_finetune": """
         A GPT-2-medium-shaped task model ({shape[n_layer]} layers, d {shape[d_model]}, a
         classification head), batch {shape[batch]} × {shape[tokens]} tokens, fp32, L3 = L2 + 0.5·L1,
@@ -207,6 +225,8 @@ def table(record: dict) -> list[str]:
         return demo_table(record)
     if record["benchmark"] == "paper":
         return paper_table(record)
+    if record["benchmark"] == "memory_estimate":
+        return estimate_table(record)
     lines = [*heading(record), "| what | gptkit | peer | ratio |", "|---|---:|---|---:|"]
     for row in record["comparisons"]:
         unit = row["unit"]
@@ -238,6 +258,24 @@ def method(record: dict) -> list[str]:
         text = " ".join(paragraph.split())
         lines += [*textwrap.wrap(text, 100, break_long_words=False, break_on_hyphens=False), ""]
     return lines
+
+
+def estimate_table(record: dict) -> list[str]:
+    """One row per shape and stage: the estimate against the measurement, without and with full
+    activation checkpointing (a ratio near 1 is a good estimate, not a better gptkit)."""
+    lines = [
+        *heading(record),
+        "| shape | stage | no checkpointing: estimated / measured | full checkpointing: estimated / measured |",
+        "|---|---|---:|---:|",
+    ]
+    cells: dict[tuple[str, str], dict[str, str]] = {}
+    for row in record["rows"]:
+        estimated, measured = row["estimated_peak_mb"], row["measured_peak_mb"]
+        cell = f"{estimated:,} / {measured:,} MB ({estimated / measured:.2f})"
+        cells.setdefault((row["shape"], row["stage"]), {})[row["activation_checkpointing"]] = cell
+    for (shape, stage), by_mode in cells.items():
+        lines.append(f"| {shape} | {stage} | {by_mode.get('none', '—')} | {by_mode.get('full', '—')} |")
+    return [*lines, "", *method(record)]
 
 
 def demo_table(record: dict) -> list[str]:
