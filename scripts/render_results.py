@@ -76,9 +76,10 @@ METHODS = {
         fp32, {matmul_peak_gflops_bf16} bf16 here), not against the CPU's specification.""",
     "time_to_quality": """
         Held-out bits per byte (the last 2% of every book, in bits over its UTF-8 bytes: comparable
-        across vocabularies) after runs planned for 1, 2 and 5 minutes as `make demo` plans its 5, each
-        its own run, the recipes alternating, in {precision}. `baseline` is the former demo recipe
-        (GPT-2's settings scaled down), `minutes` the demo's. The time to the baseline's 5-minute
+        across vocabularies) after runs planned for 1, 2 and 5 minutes as `make demo` plans its
+        pre-training (a time budget), each its own run, the recipes alternating, in {precision}.
+        `baseline` is GPT-2's settings scaled down, untuned; `minutes` the demo's (`gptkit pretrain
+        --recipe`). The time to the baseline's 5-minute
         figure is interpolated between budgets, a bound where the new recipe is past it at the shortest.
         One run per cell: under about 0.02 bits per byte is noise. What each lever bought:
         [experiments.md](experiments.md#what-each-lever-bought).""",
