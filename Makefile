@@ -35,8 +35,8 @@ setup: $(STAMP)
 test: $(STAMP)
 	GPTKIT_DATA=$(DATA) $(PYTHON) -m pytest
 
-# The suite less its slowest tests (marked slow: a demo, training processes, servers): within
-# 90 seconds on 2 cores, for the edit-test loop; `make test` before a commit still runs them all.
+# The suite less its slowest tests (marked slow: a demo, training processes, servers): about a
+# minute on 2 cores, for the edit-test loop; `make test` before a commit still runs them all.
 test-fast: $(STAMP)
 	GPTKIT_DATA=$(DATA) $(PYTHON) -m pytest -m "not slow"
 

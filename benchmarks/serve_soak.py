@@ -32,6 +32,7 @@ from common import machine
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from gptkit.io import write_json  # noqa: E402
 from tests.serve_schema import CLASSIFIER, LM, ServerProcess, build_models, free_port, serve_args  # noqa: E402
 
 GROWTH_LIMIT = 0.05  # of the resident memory at the warm-up's end
@@ -173,8 +174,7 @@ def main() -> int:
     record = {"benchmark": "serve_soak", "date": datetime.date.today().isoformat(), "machine": machine()}
     record |= {"comparisons": [], **result}
     print(json.dumps(record))
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    write_json(RESULT, record)  # through a temporary file, as every record
     return 0 if result["within_limit"] and not result["server_errors"] else 1
 
 

@@ -651,8 +651,12 @@ def test_a_damaged_config_file_is_one_line_naming_the_file_and_the_field(tmp_pat
     with pytest.raises(ValueError) as raised:
         _configs("pretrain", "--data", "shards", "--config", str(file))
     assert re.search(message, str(raised.value)) and "\n" not in str(raised.value), str(raised.value)
-    # An integer where a number belongs is a number, and a flag's bad value is the flag's, not the file's.
+    # An integer where a number belongs is a number, 1e-3 (a string to YAML) is read as the flag
+    # would read it, null clears a default, and a flag's bad value is the flag's, not the file's.
     file.write_text("training:\n  lr: 1\n")
     assert _configs("pretrain", "--data", "shards", "--config", str(file))[0].training.lr == 1.0
+    file.write_text("training:\n  lr: 1e-3\n  time_budget: 90\n  eval_every: null\n")
+    (config,) = _configs("pretrain", "--data", "shards", "--config", str(file))
+    assert (config.training.lr, config.training.time_budget, config.training.eval_every) == (1e-3, "90", None)
     with pytest.raises(ValueError, match=r"^TrainConfig\.lr \(--lr\): must be > 0"):
         _configs("pretrain", "--data", "shards", "--config", str(file), "--lr", "-1")

@@ -81,9 +81,9 @@ def test_a_model_that_gives_one_answer_everywhere_is_named_as_such():
 
 def test_one_seed_a_side_prints_the_difference_with_no_error_and_says_why(capsys):
     report = _examples(["1", "0", "1", "0", "1"])
-    runs = [{"seed": 1337, "updates": 9, "pretrained": [1, 1, 1, 0, 0], "from_scratch": [1, 0, 1, 0, 1]}]
+    runs = [{"seed": 1337, "updates": 9, "pretrained": [1, 1, 1, 0, 1], "from_scratch": [1, 0, 1, 0, 1]}]
     result = demo.compare_sides(demo.DEMO_TASKS["sst2"], report, runs)
-    assert result["difference"] == pytest.approx(3 / 5 - 3 / 5 + 0.0)
+    assert result["difference"] == pytest.approx(4 / 5 - 3 / 5)  # pre-trained − from scratch
     assert result["stderr"] is None and result["threshold"] is None and result["clears_threshold"] is None
     printed = capsys.readouterr().out
     assert "single draw cannot tell" in printed and "standard error" not in printed
@@ -131,6 +131,9 @@ def test_the_time_plan_shares_what_set_up_left_and_keeps_sampling_and_a_margin(c
     assert demo._plan(config, demo.Deadline(300.0, time.time()), "recipe")["seeds"] == 1
     asked = dataclasses.replace(config, seeds=3)
     assert demo._plan(asked, demo.Deadline(300.0, time.time()), "recipe")["seeds"] == 3
+    # Set-up and data that left too little to train stop the demo with one line, before training.
+    with pytest.raises(ValueError, match=r"leaves \d+s to train after 2\d\ds of set-up and data"):
+        demo._plan(config, demo.Deadline(300.0, time.time() - 200.0), "recipe")
     # From published weights nothing is pre-trained: fine-tuning has all of it.
     published = demo._plan(config, deadline, "published")
     assert published["pretrain_seconds"] == 0.0

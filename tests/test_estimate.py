@@ -132,6 +132,9 @@ def test_the_largest_batch_fits_and_one_more_does_not():
     usable = memory * 0.9
     assert largest > 1
     assert simulate(simulation, largest).peak_bytes <= usable < simulate(simulation, largest + 1).peak_bytes
+    # A run whose own batch does not fit: the search goes below it, to the same answer.
+    too_big = pretrain_simulation(pretrain(batch=largest + 3))
+    assert estimate(too_big, memory).max_batch_size == largest
 
 
 def test_lora_trains_only_its_adapters():

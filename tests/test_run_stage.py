@@ -50,3 +50,27 @@ def test_a_run_refused_at_the_lock_starts_no_process_group(events, tmp_path):
             with run.run_stage(out, resume=False, command="pretrain", device="cpu"):
                 pass
     assert events == []
+
+
+def test_torchrun_restarts_continue_only_the_run_their_own_job_started(tmp_path, monkeypatch):
+    """A group torchrun starts again continues the run in --out without --resume, but only the run
+    its job started (run_config.json records the job): a directory the first group refused, since
+    another job's run was there, is refused again."""
+    from gptkit.io import write_json
+    from gptkit.train.run import TORCHRUN_JOB, resuming
+
+    out = tmp_path / "run"
+    out.mkdir()
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-a")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert not resuming(False, out)  # the first group: nothing to continue
+    write_json(out / "run_config.json", {"stage": "pretrain", TORCHRUN_JOB: "job-a"})
+    assert not resuming(False, out) and resuming(True, out)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    assert resuming(False, out)  # started again: its own job's run
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-b")
+    assert not resuming(False, out)  # another job's run
+    write_json(out / "run_config.json", {"stage": "pretrain"})  # a run started outside torchrun
+    assert not resuming(False, out)
+    (out / "run_config.json").write_text("[not a mapping")
+    assert not resuming(False, out)

@@ -220,6 +220,9 @@ def dataclass_from_args(
         if value is None and dest in file_values:
             value = _file_value(hints[f.name], file_values[dest], f"{source}: {dest}")
             from_file.add(f.name)
+            if value is None:  # null in the file: none, even where the default is something
+                values[f.name] = None
+                continue
         if value is not None:
             values[f.name] = tuple(value) if _base_type(hints[f.name])[2] is tuple else value
         elif f.name not in values and _default(f) is dataclasses.MISSING:
@@ -255,6 +258,15 @@ def _file_value(annotation: Any, value: Any, where: str) -> Any:
 
 def _one_file_value(kind: type, choices: list | None, value: Any, where: str) -> Any:
     expected = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(kind)
+    # What the flag would read from the same characters: YAML reads 1e-3 as a string (its floats
+    # need a dot), and 90 where a duration belongs as a number.
+    if kind in (int, float) and isinstance(value, str):
+        try:
+            value = kind(value)
+        except ValueError:
+            pass
+    elif kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if expected is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):

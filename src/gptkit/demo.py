@@ -40,6 +40,7 @@ from typing import Literal
 import numpy as np
 
 from gptkit import hub
+from gptkit.config import check_choices
 from gptkit.data.metrics import seed_paired_difference
 from gptkit.data.prepare import prepare
 from gptkit.data.registry import DATASETS, read_dataset
@@ -465,6 +466,7 @@ class DemoConfig:
     )
 
     def __post_init__(self) -> None:
+        check_choices(self)  # recipe, precision: their Literal types
         parse_duration(self.time_budget)  # a bad budget fails now, not after the tokenizer's minutes
         if self.seeds is not None and self.seeds < 1:
             raise ValueError(f"DemoConfig.seeds (--seeds): must be 1 or more, got {self.seeds}")
@@ -550,6 +552,11 @@ def _plan(config: DemoConfig, deadline: Deadline, kind: str) -> dict:
         return {"pretrain_seconds": 0.0, "finetune_end": time.time(), "seeds": config.seeds or 1}
     sampling = SAMPLING_SECONDS[kind]
     shared = deadline.left() - sampling - MARGIN_SHARE * deadline.seconds
+    if shared < MIN_BUDGET_SECONDS / 2:  # the vocabulary and the shards took what training needed
+        raise ValueError(
+            f"time budget {deadline.seconds:.0f}s leaves {max(0.0, shared):.0f}s to train after "
+            f"{deadline.elapsed():.0f}s of set-up and data; give a larger --time-budget"
+        )
     pretrain_seconds = PRETRAIN_SHARE * shared if kind == "recipe" else 0.0
     finetune_seconds = max(0.0, shared - pretrain_seconds)
     seeds = config.seeds or auto_seeds(finetune_seconds)
@@ -602,10 +609,8 @@ def _finish(
         "seconds": round(deadline.elapsed(), 1),  # from the budget's start: set-up included
     }
     write_json(out / "summary.json", summary)
-    print(
-        f"\ndone in {summary['seconds']:.0f}s of a {deadline.seconds:.0f}s budget; summary: "
-        f"{out / 'summary.json'}"
-    )
+    budget = "" if summary["recipe"] == "quick" else f" of a {deadline.seconds:.0f}s budget"
+    print(f"\ndone in {summary['seconds']:.0f}s{budget}; summary: {out / 'summary.json'}")
     for name, result in tasks.items():
         print(f"  {name}: pre-trained − from scratch {difference_sentence(result)}")
     return summary

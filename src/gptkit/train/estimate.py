@@ -440,12 +440,18 @@ def largest_batch(
     The peak is the larger of the optimizer step's (about constant) and the backward pass's, which
     grows linearly with the batch (the activations are per sequence): once two peaks differ, the
     line through them says where the memory runs out, and the guess is that batch; before, the batch
-    doubles. The answer is exact: it fits, and one more does not."""
+    doubles. The answer is exact: it fits, and one more does not (0: not even one sequence fits).
+    When ``first`` (the run's own batch) does not fit, the search runs between 1 and it."""
     usable = memory * USABLE_FRACTION
-    if first.peak_bytes > usable:
-        return 0
     peaks = {first.batch_size: first.peak_bytes}
     low, high = first.batch_size, None
+    if first.peak_bytes > usable:  # the run's own batch does not fit: search below it
+        if first.batch_size == 1:
+            return 0
+        peaks[1] = run(simulation, 1).peak_bytes
+        if peaks[1] > usable:
+            return 0
+        low, high = 1, first.batch_size
     while high is None or high - low > 1:
         candidate = _next_batch(peaks, low, high, usable)
         peaks[candidate] = run(simulation, candidate).peak_bytes

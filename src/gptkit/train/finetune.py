@@ -461,7 +461,7 @@ def _finetune(
         metrics = task_metrics(spec, logits, [e.target for e in encoded_dev])
         return {f"dev_{k}": v for k, v in metrics.items()}
 
-    best = BestModel(out_dir, metric, save_model, ctx, resuming(config.resume))
+    best = BestModel(out_dir, metric, save_model, ctx, resuming(config.resume, out_dir))
     examples = {"train": len(encoded_train), "dev": len(encoded_dev)}
     trainer = Trainer(
         wrap_model(model, ctx, train),
@@ -484,7 +484,7 @@ def _finetune(
     )
     if ctx.is_main:
         tokenizer.save_pretrained(out_dir)
-    if resuming(config.resume):  # --resume, or a worker group torchrun restarted
+    if resuming(config.resume, out_dir):  # --resume, or a worker group torchrun restarted
         resume_latest(trainer, load_model_state)
     trainer.fit()
     if ctx.is_main and config.merge and best.best.get("step") is not None:

@@ -120,7 +120,7 @@ def pretrain(config: PretrainConfig) -> dict[str, float]:
         )
         if ctx.is_main:
             tokenizer.save_pretrained(out_dir)
-        if resuming(config.resume):  # --resume, or a worker group torchrun restarted
+        if resuming(config.resume, out_dir):  # --resume, or a worker group torchrun restarted
             resume_latest(trainer, read_state_dict)
         try:
             metrics = trainer.fit()

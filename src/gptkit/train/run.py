@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from gptkit.config import Activation, GPTConfig, PositionEncoding, check_choices, config_error, flat_fields
+from gptkit.io import read_json
 from gptkit.model import GPT
 from gptkit.tokenizer import Tokenizer
 from gptkit.train.config import TrainConfig
@@ -125,17 +126,28 @@ def base_vocab_size(tokenizer: Tokenizer) -> int:
     return tokenizer.vocab_size + (tokenizer.n_special if tokenizer.style == "bytelevel" else 0)
 
 
-def restarted_by_torchrun() -> bool:
+TORCHRUN_JOB = "torchrun_job"  # run_config.json's record of the torchrun job that started the run
+
+
+def restarted_by_torchrun(out_dir: Path) -> bool:
     """Whether this process belongs to a worker group that torchrun started again after a failure
-    (``--max-restarts``): a lost worker, a killed node. Its command is the first one's, without
-    --resume, yet it must continue the run, not refuse its directory."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0) > 0
+    (``--max-restarts``: a lost worker, a killed node) of the job that started the run in
+    ``out_dir``. Its command is the first group's, without --resume, yet it must continue the run.
+    A run that another job started is not this job's to continue: a group that refused the
+    directory refuses it again when torchrun starts it again."""
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0) == 0:
+        return False
+    try:
+        recorded = read_json(RunDir(out_dir).run_config).get(TORCHRUN_JOB)
+    except (OSError, ValueError, AttributeError):  # no run recorded, or not one gptkit can read
+        return False
+    return recorded is not None and recorded == os.environ.get("TORCHELASTIC_RUN_ID")
 
 
-def resuming(resume: bool) -> bool:
-    """Whether a stage continues the run in its directory: asked to (--resume), or restarted by
-    torchrun, which then continues from the newest complete checkpoint on its own."""
-    return resume or restarted_by_torchrun()
+def resuming(resume: bool, out_dir: Path) -> bool:
+    """Whether a stage continues the run in ``out_dir``: asked to (--resume), or restarted by the
+    torchrun job that started it, which then continues from the newest complete checkpoint."""
+    return resume or restarted_by_torchrun(out_dir)
 
 
 def check_run_dir(out_dir: Path, resume: bool) -> None:
@@ -162,7 +174,7 @@ def run_stage(out_dir: Path, resume: bool, command: str, device: str | None) -> 
     """
     is_main = int(os.environ.get("RANK", "0")) == 0
     with RunDir(out_dir).writer_lock(command) if is_main else contextlib.nullcontext():
-        check_run_dir(out_dir, resuming(resume))
+        check_run_dir(out_dir, resuming(resume, out_dir))
         ctx = init_distributed(device)
         try:
             yield ctx
@@ -178,9 +190,7 @@ def resume_latest(trainer: Trainer, load_model_state: Callable[[Path], dict[str,
     if checkpoint is not None:
         trainer.resume(checkpoint, load_model_state)
         return
-    # No run started here (a mistyped --out, say), unless torchrun restarted a run that failed
-    # before writing anything.
-    if not trainer.run_dir.run_config.exists() and not restarted_by_torchrun():
+    if not trainer.run_dir.run_config.exists():  # no run started here: a mistyped --out, say
         raise FileNotFoundError(f"--resume: no checkpoint in {trainer.run_dir.checkpoints}")
     if trainer.ctx.is_main:
         print(
@@ -202,10 +212,12 @@ def run_config(
         if isinstance(value, TrainConfig):
             continue
         settings.update(flat_fields(value) if dataclasses.is_dataclass(value) else {f.name: value})
+    job = {TORCHRUN_JOB: os.environ["TORCHELASTIC_RUN_ID"]} if "TORCHELASTIC_RUN_ID" in os.environ else {}
     return {
         "stage": stage,
         stage: settings,
         "train": dataclasses.asdict(train),
         "model": model.to_dict(),
         **extra,
+        **job,
     }
