@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.serve_schema import free_port
 from tests.test_train import alice_shards
 
 psutil = pytest.importorskip("psutil")
@@ -112,12 +112,6 @@ def test_a_worker_killed_after_a_checkpoint_is_restarted_and_the_run_ends_as_if_
     metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert max(r.get("step", 0) for r in metrics) == STEPS
     assert_same_weights(uninterrupted, out)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def last_step(out: Path) -> int:

@@ -55,12 +55,19 @@ class PretrainRecipe:
     def values(self) -> dict[str, Any]:
         """The recipe by flag name, as ``gptkit pretrain --recipe`` applies it (the vocabulary's size
         is the tokenizer's, not a pre-training flag; a None leaves the command's default)."""
-        model = self.model()
-        values = {name: getattr(model, name) for name in ("preset", "context_length", "n_layer")}
-        values |= {name: getattr(model, name) for name in ("n_head", "d_model", "dropout")}
-        for name in ("batch_size", "lr", "schedule", "optimizer", "adamw_lr_scale", "weight_decay"):
-            values[name] = getattr(self, name)
-        values |= {"warmup_steps": self.warmup_steps, "eval_every": self.eval_every or 0}
+        model, shape = self.model(), ("preset", "context_length", "n_layer", "n_head", "d_model", "dropout")
+        values = {name: getattr(model, name) for name in shape}
+        optimisation = (
+            "batch_size",
+            "lr",
+            "schedule",
+            "optimizer",
+            "adamw_lr_scale",
+            "weight_decay",
+            "warmup_steps",
+        )
+        values |= {name: getattr(self, name) for name in optimisation}
+        values["eval_every"] = self.eval_every or 0  # None: only at the end, as configs() runs it
         return {name: value for name, value in values.items() if value is not None}
 
     def configs(
