@@ -28,6 +28,7 @@ $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PYTHON) -m pip install -q --upgrade pip
 	$(PYTHON) -m pip install -q -c constraints.txt -e ".[dev]"
+	$(PYTHON) -m gptkit.native
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -16,6 +16,7 @@ LAYERS = {
     "gptkit.io": 0,
     "gptkit.config": 0,
     "gptkit.hardware": 0,
+    "gptkit.native": 0,  # the native decoding kernels: ctypes over a library built on first use
     "gptkit.hub": 0,  # names and folders → local paths, for every loader
     "gptkit.tokenizer": 1,
     "gptkit.data": 1,

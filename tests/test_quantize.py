@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from gptkit import GPT, GPTConfig, hardware
+from gptkit import GPT, GPTConfig, hardware, native
 from gptkit.generation import generate, load_for_generation
 from gptkit.hardware import Support, onednn_packing_available, packs_for_onednn
 from gptkit.model import KVCache
@@ -19,6 +19,7 @@ from gptkit.model.layouts import (
     INT8_KERNEL_MAX_ROWS,
     FusedBlock,
     Int8Linear,
+    NativeLinear,
     PackedLinear,
     TransposedLinear,
     WideningLinear,
@@ -56,11 +57,12 @@ def test_int8_linear_is_the_rounded_matrix_times_its_row_scales(monkeypatch):
 @pytest.mark.skipif(
     "fbgemm" not in torch.backends.quantized.supported_engines, reason="this PyTorch lacks FBGEMM"
 )
-def test_int8_rows_round_the_activations_to_8_bits_and_no_more():
-    """Rows go through FBGEMM: the product of the stored integers with the activations rounded to
-    8 bits (7 bits and a zero point, FBGEMM's range on x86, one scale a group of rows).
-    Its error stays within what that rounding allows, and below the bound a coarser rounding would
-    break: the kernel neither skips the rounding nor rounds more."""
+def test_int8_rows_round_the_activations_to_8_bits_and_no_more(monkeypatch):
+    """Without the native kernels, rows go through FBGEMM: the product of the stored integers with
+    the activations rounded to 8 bits (7 bits and a zero point, FBGEMM's range on x86, one scale a
+    group of rows). Its error stays within what that rounding allows, and below the bound a coarser
+    rounding would break: the kernel neither skips the rounding nor rounds more."""
+    monkeypatch.setenv("GPTKIT_NATIVE", "0")
     torch.manual_seed(0)
     linear = torch.nn.Linear(256, 96)
     quantized = Int8Linear(linear.weight, linear.bias)
@@ -207,19 +209,27 @@ def test_packed_linear_computes_what_nn_linear_does(rows):
         assert (packed.in_features, packed.out_features) == (24, 40)
 
 
-@pytest.mark.parametrize("packing", [True, False], ids=["onednn-packed", "transposed-fallback"])
+@pytest.mark.parametrize("layout", ["native", "onednn-packed", "transposed-fallback"])
 @pytest.mark.parametrize("ln_position", ["pre", "post"])
-def test_decoding_layout_scores_and_decodes_like_the_original(ln_position, packing, tmp_path, monkeypatch):
-    if packing and not onednn_packing_available():
+def test_decoding_layout_scores_and_decodes_like_the_original(ln_position, layout, tmp_path, monkeypatch):
+    if layout == "native" and not native.available():
+        pytest.skip("the native kernels could not be built here")
+    if layout == "onednn-packed" and not onednn_packing_available():
         pytest.skip("this PyTorch lacks oneDNN's linear ops")
-    monkeypatch.setattr(quantize, "packs_for_onednn", lambda dtype, device: packing)
+    if layout != "native":  # PyTorch's layouts, as where the native kernels cannot be built
+        monkeypatch.setenv("GPTKIT_NATIVE", "0")
+        monkeypatch.setattr(quantize, "packs_for_onednn", lambda dtype, device: layout == "onednn-packed")
+    kind = {"native": NativeLinear, "onednn-packed": PackedLinear, "transposed-fallback": TransposedLinear}[
+        layout
+    ]
     torch.manual_seed(0)
     config = GPTConfig(
         vocab_size=97, context_length=32, n_layer=2, n_head=2, d_model=32, ln_position=ln_position
     )
     original = GPT(config).eval()
     decoding = decoding_layout(copy.deepcopy(original))
-    assert {type(b.mlp.c_fc) for b in decoding.h} == {PackedLinear if packing else TransposedLinear}
+    assert {type(b.mlp.c_fc) for b in decoding.h} == {kind}
+    assert (decoding.native_step is not None) == (layout == "native")
     ids = torch.randint(0, 97, (2, 12))
     with torch.no_grad():
         torch.testing.assert_close(decoding(ids).logits, original(ids).logits, rtol=1e-5, atol=1e-5)
@@ -227,13 +237,15 @@ def test_decoding_layout_scores_and_decodes_like_the_original(ln_position, packi
     assert torch.equal(
         generate(decoding, prompt, 16, temperature=0), generate(original, prompt, 16, temperature=0)
     )
-    assert isinstance(decoding.lm_head, PackedLinear if packing else TransposedLinear)
-    if not packing:  # one transposed copy of the embedding serves the lookup and the output layer
+    assert isinstance(decoding.lm_head, kind)
+    if layout == "transposed-fallback":  # one transposed copy of the embedding serves both
         assert decoding.wte.weight.data_ptr() == decoding.lm_head.weight_t.data_ptr()
+    if layout == "native":  # the output layer reads the token table itself
+        assert decoding.lm_head.weight is decoding.wte.weight
     with pytest.raises(ValueError, match="inference-only format"):
         decoding.save_pretrained(tmp_path / "no")
     assert not any(p.requires_grad for p in decoding.parameters())
-    if packing:  # the opaque packed matrices cannot follow a move or a cast
+    if layout != "transposed-fallback":  # packed matrices, or ones the native step points at
         with pytest.raises(ValueError, match="cannot be moved or cast"):
             decoding.to(torch.bfloat16)
 
@@ -241,7 +253,8 @@ def test_decoding_layout_scores_and_decodes_like_the_original(ln_position, packi
 @pytest.mark.skipif(
     not packs_for_onednn(torch.bfloat16, torch.device("cpu")), reason="no native bf16 or oneDNN here"
 )
-def test_bf16_decoding_layout_scores_and_decodes_like_the_bf16_original():
+def test_bf16_decoding_layout_scores_and_decodes_like_the_bf16_original(monkeypatch):
+    monkeypatch.setenv("GPTKIT_NATIVE", "0")  # PyTorch's layout, as where the native kernels cannot be built
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=97, context_length=32, n_layer=2, n_head=2, d_model=32)
     original = GPT(config).to(torch.bfloat16).eval()
@@ -273,7 +286,9 @@ def test_decoding_layout_refuses_what_it_is_not_for(monkeypatch):
 def test_bf16_without_native_bf16_multiplies_a_prompt_in_fp32(monkeypatch):
     """Where bf16 is not native, the decoding layout keeps bf16 weights, multiplies a decoding
     step's few rows in bf16 (as the plain model does) and a prompt's many in fp32 from the same bf16
-    numbers, the output layer sharing the lookup's table."""
+    numbers, the output layer sharing the lookup's table (PyTorch's layout, as where the native
+    kernels cannot be built)."""
+    monkeypatch.setenv("GPTKIT_NATIVE", "0")
     monkeypatch.setattr(hardware, "cpu_bf16_native", lambda: Support(False, "no bf16 here"))
     monkeypatch.setattr(hardware, "matmul_dtype", lambda device: torch.float32)
     monkeypatch.setattr(quantize, "matmul_dtype", lambda device: torch.float32)

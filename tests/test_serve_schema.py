@@ -71,7 +71,9 @@ def test_the_document_names_every_endpoint_and_its_answers(models, tmp_path):
 
 @pytest.fixture(scope="module")
 def long_model(tmp_path_factory, models) -> Path:
-    """A language model whose context holds a stream long enough to be killed mid-way."""
+    """A language model whose context holds a stream long enough to be killed mid-way: wide enough
+    that its 8,000 tokens take seconds even through the native decoding step (the tiny preset's
+    took well under one, and a stream could end before the last one started)."""
     from gptkit import GPT, GPTConfig
     from gptkit.tokenizer import Tokenizer
 
@@ -79,7 +81,15 @@ def long_model(tmp_path_factory, models) -> Path:
     tokenizer = Tokenizer.from_pretrained(models["tiny-lm"])
     torch.manual_seed(0)
     GPT(
-        GPTConfig.from_preset("tiny", vocab_size=len(tokenizer), context_length=8192, dropout=0.0)
+        GPTConfig.from_preset(
+            "tiny",
+            vocab_size=len(tokenizer),
+            context_length=8192,
+            n_layer=4,
+            n_head=8,
+            d_model=512,
+            dropout=0.0,
+        )
     ).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory

@@ -4,32 +4,36 @@ Decoding one token multiplies a vector by every weight matrix once, so its speed
 fast the weights stream from memory. Two formats take that bound further than ``nn.Linear``'s:
 
 * **int8** (``quantize_int8``, or ``load_int8`` while loading): each matrix as int8 with one scale per output row
-  (w ≈ scale_row · q, q ∈ [-127, 127]) reads a quarter of fp32's bytes. On a CPU with FBGEMM
-  (x86-64) every product goes through its dynamically quantized kernel: the activations rounded to
-  8 bits as they come, one scale for every ``INT8_DYNAMIC_MAX_ROWS`` rows. Without it, PyTorch's
-  weight-only ``_weight_int8pack_mm`` multiplies a few rows and the matrix dequantized to the dtype
-  the device multiplies fastest multiplies many. Every Linear of the blocks and the (tied) output
-  layer are quantized; LayerNorms, biases, attention and the residual stream stay fp32, and the
-  token lookup table is kept in bf16 (a step reads one row of it).
-* **decoding layout** (``decoding_layout``): the same numbers in the layouts a CPU's vector-matrix
-  products stream fastest. Every matrix (the blocks' and the tied output layer) is prepacked once
-  for oneDNN (PyTorch's ``mkldnn`` linear ops), whose product runs on both cores where
-  ``nn.Linear``'s BLAS call runs on one: GPT-2 small's 48 block matrices, one token, 2 cores: fp32
-  15.7 against 25.5 ms in ``nn.Linear``'s layout (and still ahead for batches of 4-512 rows), bf16
-  9.7 against 13.0 ms; the 154 MB fp32 output layer 5-6.6 against 12.7 ms. The token lookup keeps
-  its own table, so the embedding is held twice. Where PyTorch lacks the oneDNN ops, or off x86-64
-  (where the gain was not measured), fp32 matrices are stored transposed instead, which ``addmm``
-  streams faster than ``nn.Linear``'s layout (about 1.2× for the blocks, 1.7× for the output layer,
-  which then shares its copy with the lookup), and bf16 is left as it is.
+  (w ≈ scale_row · q, q ∈ [-127, 127]) reads a quarter of fp32's bytes. Every Linear of the blocks
+  and the (tied) output layer are quantized; LayerNorms, biases, attention and the residual stream
+  stay fp32, and the token lookup table is kept in bf16 (a step reads one row of it). The products:
+  gptkit's native int8 kernel where :mod:`gptkit.native` is built (each row of activations rounded
+  to 7 bits with a zero point, integers multiplied), else FBGEMM's dynamically quantized kernel on
+  x86-64 (the same rounding, one scale for every ``INT8_DYNAMIC_MAX_ROWS`` rows), else PyTorch's
+  weight-only ``_weight_int8pack_mm`` for a few rows and the matrix dequantized to the dtype the
+  device multiplies fastest for many.
+* **decoding layout** (``decoding_layout``): the same numbers, set up for the CPU's decoding. With
+  :mod:`gptkit.native`, :func:`native_layout`: the weights where they are (fp32 or bf16), and a
+  decoding step's blocks in one native call (:class:`NativeStep`). Without it, PyTorch's layouts:
+  every matrix (the blocks' and the tied output layer) prepacked once for oneDNN (PyTorch's
+  ``mkldnn`` linear ops), whose product runs on both cores where ``nn.Linear``'s BLAS call runs on
+  one: GPT-2 small's 48 block matrices, one token, 2 cores: fp32 15.7 against 25.5 ms in
+  ``nn.Linear``'s layout (and still ahead for batches of 4-512 rows), bf16 9.7 against 13.0 ms; the
+  154 MB fp32 output layer 5-6.6 against 12.7 ms. The token lookup keeps its own table, so the
+  embedding is held twice. Where PyTorch lacks the oneDNN ops, or off x86-64 (where the gain was
+  not measured), fp32 matrices are stored transposed instead, which ``addmm`` streams faster than
+  ``nn.Linear``'s layout (about 1.2× for the blocks, 1.7× for the output layer, which then shares
+  its copy with the lookup), and bf16 is left as it is.
 
-In both, each block runs as a :class:`FusedBlock`: the same computation in fewer PyTorch calls,
-with the activation and the residual add fused into the products where the layout allows.
+In both, a prompt's blocks run as a :class:`FusedBlock`: the same computation in fewer PyTorch
+calls, with the activation and the residual add fused into the products where the layout allows.
 
-Both are for inference only: such a model is not trained or saved (nor, packed, moved or cast).
+Both are for inference only: such a model is not trained, saved, copied, moved or cast.
 """
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,6 +41,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from gptkit import native
 from gptkit.hardware import (
     fbgemm_pack,
     has_decoding_layout,
@@ -74,6 +79,15 @@ WIDENING_MAX_BF16_ROWS = 4
 DECODING_LAYOUT = "decoding-layout"  # GPT.inference_layout of a model in the decoding layout
 
 
+def _refuse_move_or_cast(what: str) -> None:
+    # .to(), .float(), .cuda() and the like would fail deep inside PyTorch on an opaque tensor, or
+    # leave the native step reading memory that the move freed.
+    raise ValueError(
+        f"a model in the decoding layout ({what}) cannot be moved or cast: "
+        "load the original weights again for another device or dtype"
+    )
+
+
 class InferenceLinear(nn.Module):
     """A Linear in an inference layout: ``forward(x)`` = x·Wᵀ + b, and the two products a block
     takes whole, which a layout may fuse into one call (:class:`FusedBlock`)."""
@@ -106,10 +120,14 @@ class Int8Linear(InferenceLinear):
             integers[start : start + rows.size(0)] = torch.round(rows / row_scale[:, None])
         self.register_buffer("scale", scale)
         self.register_buffer("bias", None if bias is None else bias.detach().float())
-        # On a CPU with FBGEMM the integers are held once, prepacked for its int8 product; elsewhere
-        # as they are (``weight``, None when packed).
-        self.packed = fbgemm_pack(integers, scale, self.bias) if integers.device.type == "cpu" else None
+        # With gptkit's native kernels the integers are held as they are, with each row's sum (the
+        # activations' zero point needs it); else, on a CPU with FBGEMM, once, prepacked for its
+        # int8 product; elsewhere as they are (``weight``, None when packed).
+        on_cpu = integers.device.type == "cpu"
+        self.native = native.available(integers.device)
+        self.packed = fbgemm_pack(integers, scale, self.bias) if on_cpu and not self.native else None
         self.register_buffer("weight", integers if self.packed is None else None)
+        self.register_buffer("row_sum", integers.sum(dim=1, dtype=torch.int32) if self.native else None)
 
     def integers(self) -> torch.Tensor:
         """The int8 matrix q (out, in)."""
@@ -117,9 +135,20 @@ class Int8Linear(InferenceLinear):
             return self.weight
         return torch.ops.quantized.linear_unpack(self.packed)[0].int_repr()
 
+    def _apply(self, fn, recurse=True):
+        if self.native:
+            _refuse_move_or_cast("int8 weights the native step reads in place")
+        return super()._apply(fn, recurse)
+
+    def matrix(self) -> native.Matrix:
+        """This matrix as the native kernels take it."""
+        return native_matrix(self.weight, self.bias, self.scale, self.row_sum)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.float()
         on_cpu = x.device.type == "cpu"
+        if on_cpu and self.native:
+            return native_product(self.matrix(), torch.int8, x)
         if on_cpu and self.packed is not None:
             # The activations quantized to 8 bits as they come, one scale for every
             # INT8_DYNAMIC_MAX_ROWS rows (a decoding batch: one call), an integer product reading
@@ -215,6 +244,14 @@ def quantize_int8(model: GPT) -> GPT:
     model.float().eval()
     _replace_block_linears(model, _int8_linear)
     _int8_output_layer(model)
+    return _int8_decoding(model)
+
+
+def _int8_decoding(model: GPT) -> GPT:
+    """The last step of an int8 layout: decoding steps through the native step where the matrices
+    were quantized for it, else blocks fused for PyTorch's calls."""
+    if model.lm_head.native:
+        model.native_step = NativeStep(model)
     _fuse_blocks(model)
     model.inference_layout = "int8"
     return model
@@ -233,8 +270,214 @@ def load_int8(source: str | Path, *, device: str | torch.device | None = None, n
         convert_embeddings=_int8_output_layer,
         convert_block=_int8_block,
     )
-    _fuse_blocks(model)
-    model.inference_layout = "int8"
+    return _int8_decoding(model)
+
+
+# --- gptkit's native kernels (gptkit.native): the decoding step in one call -------------------------
+
+# decode_step.cpp's codes for ACTIVATIONS.
+NATIVE_ACTIVATIONS = {"gelu_tanh": 0, "gelu": 1, "relu": 2}
+
+
+def native_matrix(
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    scale: torch.Tensor | None = None,
+    row_sum: torch.Tensor | None = None,
+) -> native.Matrix:
+    """A matrix (out, in) as the native kernels take it: fp32 weights, or int8 with each row's scale
+    and integer sum. The tensors must outlive the matrix (the model holds them)."""
+    pointer = native.pointer
+    return native.Matrix(
+        pointer(weight), pointer(bias), pointer(scale), pointer(row_sum), weight.size(0), weight.size(1)
+    )
+
+
+def native_product(matrix: native.Matrix, dtype: torch.dtype, x: torch.Tensor) -> torch.Tensor:
+    """x·Wᵀ + b through the native kernels, W stored in ``dtype``, for any leading shape of ``x``;
+    fp32 out."""
+    rows = x.reshape(-1, x.size(-1)).float().contiguous()
+    y = torch.empty(rows.size(0), matrix.out, dtype=torch.float32)
+    native.loaded().gptkit_product(
+        ctypes.byref(matrix), native.FORMATS[dtype], rows.data_ptr(), rows.size(0), y.data_ptr()
+    )
+    return y.view(*x.shape[:-1], matrix.out)
+
+
+class NativeLinear(InferenceLinear):
+    """x·Wᵀ + b of an fp32 or bf16 matrix held as nn.Linear holds it (the same Parameters, not a
+    copy): a few rows (decoding) through the native product, which streams the matrix on every
+    core; more rows (a prompt) through oneDNN on the same weights where PyTorch has its ops and the
+    CPU multiplies the dtype natively (the activation or the residual add fused in; 1.05-1.5×
+    ``F.linear`` for GPT-2 small's fp32 matrices and 512 rows, no faster prepacked), else
+    ``F.linear``, bf16 widened to fp32 where bf16 is not native. The output layer's weight is the
+    token table itself. Its results have the input's dtype."""
+
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None = None):
+        super().__init__()
+        self.weight, self.bias = weight, bias
+        # The native kernels add an fp32 bias (a copy only where the bias is bf16).
+        self.bias32 = None if bias is None else bias.detach().float()
+        self._onednn = packs_for_onednn(weight.dtype, weight.device)
+
+    def matrix(self) -> native.Matrix:
+        """This matrix as the native kernels take it (built for each call: never stale)."""
+        return native_matrix(self.weight.detach(), self.bias32)
+
+    def _apply(self, fn, recurse=True):
+        _refuse_move_or_cast("weights the native step reads in place")
+
+    def _few_rows(self, x: torch.Tensor) -> bool:
+        return x.numel() <= NATIVE_MAX_ROWS * x.size(-1) and x.device.type == "cpu"
+
+    def _many_rows(self, x: torch.Tensor, activation: str | None = None) -> torch.Tensor:
+        if self._onednn:
+            post_op = ("none", "") if activation is None else ONEDNN_ACTIVATIONS[activation]
+            return onednn_linear(x.to(self.weight.dtype), self.weight, self.bias, post_op)
+        # PyTorch's own product, in fp32 where bf16 is not native (its bf16 products crawl there).
+        dtype = matmul_dtype(x.device) if self.weight.dtype == torch.bfloat16 else self.weight.dtype
+        bias = None if self.bias is None else self.bias.to(dtype)
+        y = F.linear(x.to(dtype), self.weight.to(dtype), bias)
+        return (y if activation is None else ACTIVATIONS[activation](y)).to(x.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._few_rows(x):
+            return native_product(self.matrix(), self.weight.dtype, x).to(x.dtype)
+        return self._many_rows(x)
+
+    def activated(self, x: torch.Tensor, activation: str) -> torch.Tensor:
+        if self._few_rows(x):
+            return ACTIVATIONS[activation](self(x))
+        return self._many_rows(x, activation)
+
+    def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if self._onednn and not self._few_rows(x):
+            return onednn_linear_add(x, self.weight, self.bias, residual)
+        return residual + self(x)
+
+
+# The native float product runs at most this many rows; more (a prompt) go to a matrix product,
+# which blocks for the caches where the native one reads each matrix row once per row.
+NATIVE_MAX_ROWS = 16
+
+
+class NativeStep:
+    """Every block of a GPT (and GPT-2's final LayerNorm) for the one new token of each row, in one
+    call of ``gptkit.native``'s decoding step: what ``GPT.forward`` runs for a decoding step (one
+    token a row, a KV cache, no gradient) of a model in a native layout. The same computation as the
+    blocks (fp32 hidden states within ~1e-6): the products on this CPU's vector units, split between
+    the cores, and the work between them without PyTorch's per-operator overhead (GPT-2 small: ~200
+    operator calls a token)."""
+
+    def __init__(self, model: GPT):
+        config = model.config
+        linears = [
+            (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj) for block in model.h
+        ]
+        kinds = {type(linear) for four in linears for linear in four}
+        if kinds not in ({NativeLinear}, {Int8Linear}):
+            raise ValueError(
+                f"the native step takes NativeLinear or native int8 blocks, not {sorted(k.__name__ for k in kinds)}"
+            )
+        self.int8 = kinds == {Int8Linear}
+        if self.int8 and not all(linear.native for four in linears for linear in four):
+            raise ValueError("the int8 blocks were quantized without the native kernels")
+        self.dtype = torch.int8 if self.int8 else linears[0][0].weight.dtype
+        # The step's LayerNorms and the hidden state are fp32: a bf16 model's gains and biases are
+        # held here as fp32 copies (the fp32 ones as they are); the step points at them.
+        self.tensors: list[torch.Tensor] = []
+
+        def fp32(tensor: torch.Tensor | None) -> int | None:
+            if tensor is None:
+                return None
+            self.tensors.append(tensor.detach().float().contiguous())
+            return native.pointer(self.tensors[-1])
+
+        self.layers = (native.Layer * config.n_layer)()
+        for layer, block, (qkv, attn_out, fc, mlp_out) in zip(self.layers, model.h, linears):
+            layer.ln1_weight, layer.ln1_bias = fp32(block.ln_1.weight), fp32(block.ln_1.bias)
+            layer.ln2_weight, layer.ln2_bias = fp32(block.ln_2.weight), fp32(block.ln_2.bias)
+            layer.qkv, layer.attn_out = qkv.matrix(), attn_out.matrix()
+            layer.fc, layer.mlp_out = fc.matrix(), mlp_out.matrix()
+        final = model.ln_f
+        self.sizes = dict(
+            n_layer=config.n_layer,
+            d_model=config.d_model,
+            n_head=config.n_head,
+            pre_ln=int(config.ln_position == "pre"),
+            activation=NATIVE_ACTIVATIONS[config.activation],
+            format=native.FORMATS[self.dtype],
+            eps=config.layer_norm_eps,
+            layers=ctypes.addressof(self.layers),
+            lnf_weight=None if final is None else fp32(final.weight),
+            lnf_bias=None if final is None else fp32(final.bias),
+        )
+        self.library = native.loaded()
+
+    def __deepcopy__(self, memo):
+        # The step holds the addresses of the model's tensors: a copy would read the original's.
+        raise TypeError(
+            "a model in a native decoding layout cannot be copied: copy the original model, then apply the layout"
+        )
+
+    def applies(self, x: torch.Tensor, cache: KVCache | None) -> bool:
+        """Whether this call of GPT.forward is a decoding step the native step runs."""
+        return (
+            cache is not None
+            and x.size(1) == 1
+            and x.dtype in (torch.float32, torch.bfloat16)
+            and x.device.type == "cpu"
+            and cache.keys.dtype == torch.float32
+            and cache.keys.size(1) >= x.size(0)  # a server's cache: a slot per sequence, the first in use
+            and cache.keys.is_contiguous()
+            and cache.values.is_contiguous()
+            and not torch.is_grad_enabled()
+        )
+
+    def __call__(self, x: torch.Tensor, cache: KVCache, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """h_n (B, 1, d), fp32, from h_0 (B, 1, d), writing the new keys and values at
+        ``cache.length`` (the caller advances the cache)."""
+        x = x.to(torch.float32, copy=True).contiguous()  # written in place
+        mask = None
+        if attention_mask is not None:
+            mask = attention_mask.to(torch.uint8).contiguous()
+        step = native.Step(
+            **self.sizes,
+            rows=x.size(0),
+            capacity=cache.keys.size(3),
+            past=cache.length,
+            cache_rows=cache.keys.size(1),
+            keys=cache.keys.data_ptr(),
+            values=cache.values.data_ptr(),
+            mask=None if mask is None else mask.data_ptr(),
+            x=x.data_ptr(),
+        )
+        self.library.gptkit_decode_step(ctypes.byref(step))
+        return x
+
+    def products(self, rows: int = 1) -> None:
+        """The step's block products alone, for ``rows`` rows (their results discarded): how long a
+        step spends streaming its matrices, measured apart from what it spends around them."""
+        self.library.gptkit_step_products(ctypes.byref(native.Step(**self.sizes, rows=rows)))
+
+
+def native_layout(model: GPT) -> GPT:
+    """An fp32 or bf16 model (on a CPU, with ``gptkit.native`` at hand) set up to decode through the
+    native step, in place: the weights stay where they are, read by the native kernels for a
+    decoding step and by a matrix product for a prompt (:class:`NativeLinear`); the output layer
+    reads the token table itself. A decoding step's hidden states are fp32 in both (a bf16 model's
+    logits come out fp32). Inference only."""
+    weight = model.wte.weight
+    if weight.dtype not in (torch.float32, torch.bfloat16) or not native.available(weight.device):
+        raise ValueError(
+            f"the native layout is for fp32 or bf16 models on a CPU with gptkit.native, not {weight.dtype} on {weight.device}"
+        )
+    model.eval().requires_grad_(False)
+    _replace_block_linears(model, lambda linear: NativeLinear(linear.weight, linear.bias))
+    model.lm_head = NativeLinear(weight)
+    model.native_step = NativeStep(model)
+    _fuse_blocks(model)  # a prompt's blocks: oneDNN's fused activation and residual add
+    model.inference_layout = DECODING_LAYOUT
     return model
 
 
@@ -275,11 +518,7 @@ class PackedLinear(InferenceLinear):
         return onednn_linear_add(x, self.packed_weight, self.bias, residual)
 
     def _apply(self, fn, recurse=True):
-        # .to(), .float(), .cuda() and the like would fail deep inside PyTorch on the opaque tensor.
-        raise ValueError(
-            "a model in the decoding layout (oneDNN-packed weights) cannot be moved or cast: "
-            "load the original weights again for another device or dtype"
-        )
+        _refuse_move_or_cast("oneDNN-packed weights")
 
 
 class WideningLinear(InferenceLinear):
@@ -304,17 +543,22 @@ def decoding_layout(model: GPT) -> GPT:
     """Store the model in the layouts CPU decoding streams fastest, in place (and return it). The
     same values; sums in another order (fp32 logits agree to ~1e-6). Inference only, on a CPU.
 
-    fp32, and bf16 where the CPU multiplies it natively, with oneDNN: the blocks' Linears and the
-    tied output layer prepacked (the lookup keeps its table, so the embedding is held twice). fp32
-    without oneDNN: the blocks' matrices transposed, the output layer and the lookup sharing one
-    transposed copy of the embedding. bf16 without native bf16: :class:`WideningLinear`, the
-    output layer sharing the lookup's table. Each block then runs as a :class:`FusedBlock`.
+    With gptkit's native kernels (:mod:`gptkit.native`, built on first use): :func:`native_layout`,
+    the weights where they are and every decoding step in one native call. Where they cannot be
+    built, PyTorch's layouts: fp32, and bf16 where the CPU multiplies it natively, with oneDNN: the
+    blocks' Linears and the tied output layer prepacked (the lookup keeps its table, so the
+    embedding is held twice). fp32 without oneDNN: the blocks' matrices transposed, the output
+    layer and the lookup sharing one transposed copy of the embedding. bf16 without native bf16:
+    :class:`WideningLinear`, the output layer sharing the lookup's table. Each block then runs as a
+    :class:`FusedBlock`.
     """
     weight = model.wte.weight
     if not has_decoding_layout(weight.dtype, weight.device):
         raise ValueError(
             f"the decoding layout is for fp32 or bf16 models on a CPU, not {weight.dtype} on {weight.device}"
         )
+    if native.available(weight.device):
+        return native_layout(model)
     model.eval().requires_grad_(False)  # inference only: packed matrices have no gradient
     with torch.no_grad():
         if packs_for_onednn(weight.dtype, weight.device):

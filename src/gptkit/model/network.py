@@ -165,6 +165,9 @@ class GPT(nn.Module):
         self.lm_head: nn.Module | None = None
         # "int8" or "decoding-layout" once gptkit.model.layouts has stored the weights for inference.
         self.inference_layout: str | None = None
+        # gptkit.model.layouts.NativeStep: every block of a decoding step in one native call, in a
+        # native inference layout; None: the blocks one by one.
+        self.native_step = None
         self.apply(self._init_weights)
         for block in self.h:
             self._scale_residual_init(block)
@@ -248,11 +251,14 @@ class GPT(nn.Module):
             positions = self.sinusoids[position_ids]
         x = self.drop(self.wte(input_ids) + positions)  # h_0 = U·W_e + W_p, (B, T, d)
 
-        mask = self._attention_mask(attention_mask, past, T, input_ids.device)
-        for layer, block in enumerate(self.h):
-            x = block(x, mask, cache, layer)
-        if self.ln_f is not None:
-            x = self.ln_f(x)
+        if self.native_step is not None and self.native_step.applies(x, cache):
+            x = self.native_step(x, cache, attention_mask)  # the blocks and ln_f in one call
+        else:
+            mask = self._attention_mask(attention_mask, past, T, input_ids.device)
+            for layer, block in enumerate(self.h):
+                x = block(x, mask, cache, layer)
+            if self.ln_f is not None:
+                x = self.ln_f(x)
         if cache is not None:
             cache.advance(T)
 

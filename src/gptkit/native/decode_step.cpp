@@ -1,0 +1,716 @@
+// gptkit's native decoding step: one call runs every block of a GPT for the one new token of each
+// row, reading each weight matrix once, with no interpreter or per-operator overhead in between.
+//
+// A decoding step multiplies a few vectors by every matrix of the model, so its speed is bounded by
+// how fast the weights stream from memory. What sits between the products (LayerNorms, attention
+// over the cache, GELU, the residual adds) is small work, but done as ~20 PyTorch operators a block
+// it cost more than the products themselves for a small model. Here it is a few loops.
+//
+// Built on the user's machine by gptkit.native (g++ -O3 -march=native -fopenmp): the products use
+// AVX-512 or AVX2 intrinsics when the compiler targets them, plain loops otherwise. OpenMP splits
+// each product's output rows between the cores; libgomp is PyTorch's own once torch is imported,
+// so the two share one thread pool.
+//
+// Three weight formats: fp32 or bf16 matrices as nn.Linear holds them (out, in), bf16 widened to
+// fp32 as it is read, and int8 matrices with one fp32 scale per output row (w ≈ scale · q). The
+// activations, sums, LayerNorms, attention and cache are fp32 in all three. An int8 product
+// quantizes the activations as it goes, per row, to 7-bit unsigned integers with a zero point (the
+// scheme of PyTorch's dynamically quantized linear with reduce_range, whose integer sums never
+// saturate AVX2's 16-bit pair sums), then multiplies integers.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include <atomic>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+extern "C" {
+
+// One weight matrix (out, in), row-major.
+struct Matrix {
+    const void* weight;      // float (fp32), uint16_t (bf16) or int8_t (int8)
+    const float* bias;       // (out,) or null
+    const float* scale;      // int8: one scale per output row
+    const int32_t* row_sum;  // int8: the sum of each row's integers (for the activations' zero point)
+    int32_t out, in;
+};
+
+struct Layer {
+    const float *ln1_weight, *ln1_bias, *ln2_weight, *ln2_bias;
+    Matrix qkv, attn_out, fc, mlp_out;
+};
+
+struct Step {
+    int32_t n_layer, rows, d_model, n_head;
+    int32_t capacity, past;     // the cache's positions, and how many are filled before this step
+    int32_t cache_rows;         // rows the cache holds (>= rows: a server's cache has a slot per sequence)
+    int32_t pre_ln;             // 1: GPT-2 (x + f(LN(x)), a final LN); 0: GPT-1 (LN(x + f(x)))
+    int32_t activation;         // 0 gelu (tanh approximation), 1 gelu (erf), 2 relu
+    int32_t format;             // the matrices': FP32, BF16 or INT8
+    float eps;                  // the LayerNorms' epsilon
+    const Layer* layers;
+    const float *lnf_weight, *lnf_bias;  // GPT-2's final LayerNorm; null for GPT-1
+    float* keys;                // (n_layer, cache_rows, n_head, capacity, head_size), fp32; rows 0..rows-1 used
+    float* values;
+    const uint8_t* mask;        // (rows, past + 1): 1 a real token, 0 padding; null: every one real
+    float* x;                   // (rows, d_model): in h_0 of the new tokens, out h_n
+};
+
+}  // extern "C"
+
+namespace {
+
+enum Epilogue { STORE = 0, ADD = 1 };
+enum Format { FP32 = 0, BF16 = 1, INT8 = 2 };
+
+// ---------------------------------------------------------------------------------------------
+// Dot products: the inner loops every product and attention spend their time in.
+
+// A vector of fp32 lanes from a matrix row: fp32 as stored, bf16 widened (its 16 bits are fp32's
+// high half), so that one dot product serves both and only the weights' rounding differs.
+#if defined(__AVX512F__)
+typedef __m512 fvec;
+constexpr int FVEC_LANES = 16;
+inline fvec lanes(const float* w) { return _mm512_loadu_ps(w); }
+inline fvec lanes(const uint16_t* w) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)w)), 16));
+}
+inline fvec fvec_zero() { return _mm512_setzero_ps(); }
+inline fvec fvec_fma(fvec a, fvec b, fvec c) { return _mm512_fmadd_ps(a, b, c); }
+inline fvec fvec_add(fvec a, fvec b) { return _mm512_add_ps(a, b); }
+inline float fvec_sum(fvec v) { return _mm512_reduce_add_ps(v); }
+#define GPTKIT_FLOAT_VECTORS 1
+#elif defined(__AVX2__) && defined(__FMA__)
+typedef __m256 fvec;
+constexpr int FVEC_LANES = 8;
+inline fvec lanes(const float* w) { return _mm256_loadu_ps(w); }
+inline fvec lanes(const uint16_t* w) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)w)), 16));
+}
+inline fvec fvec_zero() { return _mm256_setzero_ps(); }
+inline fvec fvec_fma(fvec a, fvec b, fvec c) { return _mm256_fmadd_ps(a, b, c); }
+inline fvec fvec_add(fvec a, fvec b) { return _mm256_add_ps(a, b); }
+inline float fvec_sum(fvec v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+#define GPTKIT_FLOAT_VECTORS 1
+#endif
+
+inline float widen(float w) { return w; }
+inline float widen(uint16_t w) {
+    const uint32_t bits = uint32_t(w) << 16;
+    float value;
+    std::memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+// Σ w[k]·x[k] in fp32, w fp32 or bf16.
+template <typename Weight>
+inline float dot(const Weight* w, const float* x, int n) {
+    int k = 0;
+    float sum = 0.0f;
+#ifdef GPTKIT_FLOAT_VECTORS
+    constexpr int L = FVEC_LANES;
+    fvec a0 = fvec_zero(), a1 = fvec_zero(), a2 = fvec_zero(), a3 = fvec_zero();
+    for (; k + 4 * L <= n; k += 4 * L) {  // four accumulators hide the FMA latency
+        a0 = fvec_fma(lanes(w + k), lanes(x + k), a0);
+        a1 = fvec_fma(lanes(w + k + L), lanes(x + k + L), a1);
+        a2 = fvec_fma(lanes(w + k + 2 * L), lanes(x + k + 2 * L), a2);
+        a3 = fvec_fma(lanes(w + k + 3 * L), lanes(x + k + 3 * L), a3);
+    }
+    for (; k + L <= n; k += L) a0 = fvec_fma(lanes(w + k), lanes(x + k), a0);
+    sum = fvec_sum(fvec_add(fvec_add(a0, a1), fvec_add(a2, a3)));
+#endif
+    for (; k < n; ++k) sum += widen(w[k]) * x[k];
+    return sum;
+}
+
+// Integer products of unsigned 7-bit activations and signed 8-bit weights, exact in int32: the
+// vector of int32 sums and the one instruction (VNNI) or three (AVX2, AVX-512 without VNNI) that
+// adds 4 products of bytes to each lane. u8·s8 pairs summed to int16 stay within 2·127·127: no
+// saturation with 7-bit activations.
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+typedef __m512i ivec;
+constexpr int IVEC_BYTES = 64;
+inline ivec ivec_load(const void* p) { return _mm512_loadu_si512(p); }
+inline ivec ivec_zero() { return _mm512_setzero_si512(); }
+inline ivec ivec_dot(ivec acc, ivec x, ivec w) { return _mm512_dpbusd_epi32(acc, x, w); }
+inline int32_t ivec_sum(ivec v) { return _mm512_reduce_add_epi32(v); }
+#define GPTKIT_INT_VECTORS 1
+#elif defined(__AVX512BW__)
+typedef __m512i ivec;
+constexpr int IVEC_BYTES = 64;
+inline ivec ivec_load(const void* p) { return _mm512_loadu_si512(p); }
+inline ivec ivec_zero() { return _mm512_setzero_si512(); }
+inline ivec ivec_dot(ivec acc, ivec x, ivec w) {
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(x, w), _mm512_set1_epi16(1)));
+}
+inline int32_t ivec_sum(ivec v) { return _mm512_reduce_add_epi32(v); }
+#define GPTKIT_INT_VECTORS 1
+#elif defined(__AVX2__)
+typedef __m256i ivec;
+constexpr int IVEC_BYTES = 32;
+inline ivec ivec_load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline ivec ivec_zero() { return _mm256_setzero_si256(); }
+#if defined(__AVXVNNI__)
+inline ivec ivec_dot(ivec acc, ivec x, ivec w) { return _mm256_dpbusd_avx_epi32(acc, x, w); }
+#else
+inline ivec ivec_dot(ivec acc, ivec x, ivec w) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(x, w), _mm256_set1_epi16(1)));
+}
+#endif
+inline int32_t ivec_sum(ivec v) {
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    return _mm_cvtsi128_si32(h);
+}
+#define GPTKIT_INT_VECTORS 1
+#endif
+
+inline int32_t dot_u8s8(const uint8_t* x, const int8_t* w, int n) {
+    int k = 0;
+    int32_t sum = 0;
+#ifdef GPTKIT_INT_VECTORS
+    ivec a0 = ivec_zero(), a1 = ivec_zero();
+    for (; k + 2 * IVEC_BYTES <= n; k += 2 * IVEC_BYTES) {
+        a0 = ivec_dot(a0, ivec_load(x + k), ivec_load(w + k));
+        a1 = ivec_dot(a1, ivec_load(x + k + IVEC_BYTES), ivec_load(w + k + IVEC_BYTES));
+    }
+    for (; k + IVEC_BYTES <= n; k += IVEC_BYTES) a0 = ivec_dot(a0, ivec_load(x + k), ivec_load(w + k));
+    sum = ivec_sum(a0) + ivec_sum(a1);
+#endif
+    for (; k < n; ++k) sum += int32_t(x[k]) * int32_t(w[k]);
+    return sum;
+}
+
+// Two weight rows against TILE rows of activations: each piece of weights and activations loaded
+// once for several products (a prompt's many rows), where one product at a time would load two
+// pieces for each.
+constexpr int TILE = 4;
+
+inline void dot_u8s8_tile(const uint8_t* const* x, const int8_t* w0, const int8_t* w1, int n, int32_t* out0,
+                          int32_t* out1) {
+    int k = 0;
+    for (int r = 0; r < TILE; ++r) out0[r] = out1[r] = 0;
+#ifdef GPTKIT_INT_VECTORS
+    ivec a0[TILE], a1[TILE];
+    for (int r = 0; r < TILE; ++r) a0[r] = a1[r] = ivec_zero();
+    for (; k + IVEC_BYTES <= n; k += IVEC_BYTES) {
+        const ivec v0 = ivec_load(w0 + k), v1 = ivec_load(w1 + k);
+        for (int r = 0; r < TILE; ++r) {
+            const ivec xr = ivec_load(x[r] + k);
+            a0[r] = ivec_dot(a0[r], xr, v0);
+            a1[r] = ivec_dot(a1[r], xr, v1);
+        }
+    }
+    for (int r = 0; r < TILE; ++r) out0[r] = ivec_sum(a0[r]), out1[r] = ivec_sum(a1[r]);
+#endif
+    for (; k < n; ++k)
+        for (int r = 0; r < TILE; ++r) {
+            out0[r] += int32_t(x[r][k]) * int32_t(w0[k]);
+            out1[r] += int32_t(x[r][k]) * int32_t(w1[k]);
+        }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Element-wise functions, written without library calls so that the compiler vectorizes the loops.
+
+// e^x to about 1e-7 relative (Cody-Waite range reduction, a degree-6 polynomial, the exponent set by
+// integer arithmetic), for x in [-87, 88].
+inline float exp_approx(float x) {
+    x = std::min(std::max(x, -87.0f), 88.0f);
+    const float n = __builtin_rintf(x * 1.44269504088896341f);
+    const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const int32_t bits = (int32_t(n) + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    return p * scale;
+}
+
+inline float gelu_tanh(float x) {
+    // 0.5·x·(1 + tanh(u)) = x·(1 - 1/(e^{2u} + 1)), u = √(2/π)·(x + 0.044715·x³)
+    const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    return x - x / (exp_approx(2.0f * u) + 1.0f);
+}
+
+inline float gelu_erf(float x) {
+    // 0.5·x·(1 + erf(x/√2)), erf to 1.5e-7 (Abramowitz and Stegun 7.1.26)
+    const float z = std::fabs(x) * 0.7071067811865476f;
+    const float t = 1.0f / (1.0f + 0.3275911f * z);
+    const float poly =
+        t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+    float erf_abs = 1.0f - poly * exp_approx(-z * z);
+    const float erf = x < 0.0f ? -erf_abs : erf_abs;
+    return 0.5f * x * (1.0f + erf);
+}
+
+void activate(float* y, int n, int activation) {
+    if (activation == 0) {
+#pragma omp simd
+        for (int i = 0; i < n; ++i) y[i] = gelu_tanh(y[i]);
+    } else if (activation == 1) {
+#pragma omp simd
+        for (int i = 0; i < n; ++i) y[i] = gelu_erf(y[i]);
+    } else {
+#pragma omp simd
+        for (int i = 0; i < n; ++i) y[i] = std::max(y[i], 0.0f);
+    }
+}
+
+void layer_norm(const float* x, float* y, int n, const float* gain, const float* bias, float eps) {
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int i = 0; i < n; ++i) sum += x[i];
+    const float mean = sum / n;
+    float squares = 0.0f;
+#pragma omp simd reduction(+ : squares)
+    for (int i = 0; i < n; ++i) squares += (x[i] - mean) * (x[i] - mean);
+    const float inv_std = 1.0f / std::sqrt(squares / n + eps);
+#pragma omp simd
+    for (int i = 0; i < n; ++i) y[i] = (x[i] - mean) * inv_std * gain[i] + bias[i];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Threads. A step runs in one OpenMP parallel region: each phase (a product's output rows,
+// attention's heads) is split between the threads by index, and a spinning barrier separates the
+// phases. A region per product would wake the other threads ~60 times a token; on the 2-core VMs
+// measured, those wake-ups together took about as long as all the work between the products.
+
+inline void pause() {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+struct Team {
+    int thread = 0, threads = 1;
+    std::atomic<int>* arrived = nullptr;
+    std::atomic<int>* generation = nullptr;
+
+    // Every thread waits here until all have arrived (and sees what they wrote before).
+    void barrier() const {
+        if (threads == 1) return;
+        const int seen = generation->load(std::memory_order_acquire);
+        if (arrived->fetch_add(1, std::memory_order_acq_rel) == threads - 1) {
+            arrived->store(0, std::memory_order_relaxed);
+            generation->fetch_add(1, std::memory_order_release);
+        } else {
+            while (generation->load(std::memory_order_acquire) == seen) pause();
+        }
+    }
+
+    // This thread's contiguous band [begin, end) of `total` items.
+    void share(int total, int& begin, int& end) const {
+        const int base = total / threads, extra = total % threads;
+        begin = thread * base + std::min(thread, extra);
+        end = begin + base + (thread < extra ? 1 : 0);
+    }
+};
+
+// Run body(team) on every thread of one parallel region (one thread without OpenMP).
+template <typename Body>
+void in_team(Body body) {
+    std::atomic<int> arrived{0}, generation{0};
+#ifdef _OPENMP
+#pragma omp parallel
+    {
+        Team team{omp_get_thread_num(), omp_get_num_threads(), &arrived, &generation};
+        body(team);
+    }
+#else
+    body(Team{0, 1, &arrived, &generation});
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Products: y[r] (=, or +=) x[r]·Wᵀ + b for every row r, output rows [begin, end) of W: each thread
+// takes a contiguous band, one stream through its part of the matrix.
+
+// A thread's band of a one-row product read as STREAMS sequential streams at once (the band's
+// parts, a row from each in turn) rather than one: more of the band in flight from memory.
+// GPT-2 small's 49 products, one row, 2 cores, alternating, medians of 15: fp32 -9%, bf16 -12%,
+// int8 -6% against one stream; three or four streams no better than two.
+constexpr int STREAMS = 2;
+
+template <typename Weight>
+inline void dot_rows(const Weight* const* w, const float* x, int n, float* sums) {
+    int k = 0;
+    for (int i = 0; i < STREAMS; ++i) sums[i] = 0.0f;
+#ifdef GPTKIT_FLOAT_VECTORS
+    constexpr int L = FVEC_LANES;
+    fvec a[STREAMS], b[STREAMS];
+    for (int i = 0; i < STREAMS; ++i) a[i] = b[i] = fvec_zero();
+    for (; k + 2 * L <= n; k += 2 * L) {
+        const fvec x0 = lanes(x + k), x1 = lanes(x + k + L);
+        for (int i = 0; i < STREAMS; ++i) {
+            a[i] = fvec_fma(lanes(w[i] + k), x0, a[i]);
+            b[i] = fvec_fma(lanes(w[i] + k + L), x1, b[i]);
+        }
+    }
+    for (int i = 0; i < STREAMS; ++i) sums[i] = fvec_sum(fvec_add(a[i], b[i]));
+#endif
+    for (; k < n; ++k)
+        for (int i = 0; i < STREAMS; ++i) sums[i] += widen(w[i][k]) * x[k];
+}
+
+inline void dot_u8s8_rows(const int8_t* const* w, const uint8_t* x, int n, int32_t* sums) {
+    int k = 0;
+    for (int i = 0; i < STREAMS; ++i) sums[i] = 0;
+#ifdef GPTKIT_INT_VECTORS
+    ivec a[STREAMS];
+    for (int i = 0; i < STREAMS; ++i) a[i] = ivec_zero();
+    for (; k + IVEC_BYTES <= n; k += IVEC_BYTES) {
+        const ivec xk = ivec_load(x + k);
+        for (int i = 0; i < STREAMS; ++i) a[i] = ivec_dot(a[i], xk, ivec_load(w[i] + k));
+    }
+    for (int i = 0; i < STREAMS; ++i) sums[i] = ivec_sum(a[i]);
+#endif
+    for (; k < n; ++k)
+        for (int i = 0; i < STREAMS; ++i) sums[i] += int32_t(x[k]) * int32_t(w[i][k]);
+}
+
+// Where row i of part j of a band [begin, end) split into STREAMS parts is (the rest: `rest`).
+inline int part_row(int begin, int end, int i, int j) { return begin + j * ((end - begin) / STREAMS) + i; }
+inline int parts_rest(int begin, int end) { return begin + STREAMS * ((end - begin) / STREAMS); }
+
+template <typename Weight>
+void product_float(const Matrix& m, const float* x, int rows, float* y, Epilogue epilogue, int begin, int end) {
+    const Weight* weight = static_cast<const Weight*>(m.weight);
+    const int out = m.out, in = m.in;
+    auto write = [&](int r, int n, float sum) {
+        const float v = sum + (m.bias ? m.bias[n] : 0.0f);
+        float& target = y[size_t(r) * out + n];
+        target = epilogue == ADD ? target + v : v;
+    };
+    if (rows == 1) {  // decoding one sequence: the band as STREAMS streams
+        for (int i = 0; i < (end - begin) / STREAMS; ++i) {
+            const Weight* w[STREAMS];
+            float sums[STREAMS];
+            for (int j = 0; j < STREAMS; ++j) w[j] = weight + size_t(part_row(begin, end, i, j)) * in;
+            dot_rows<Weight>(w, x, in, sums);
+            for (int j = 0; j < STREAMS; ++j) write(0, part_row(begin, end, i, j), sums[j]);
+        }
+        begin = parts_rest(begin, end);
+    }
+    for (int n = begin; n < end; ++n) {
+        const Weight* w = weight + size_t(n) * in;
+        for (int r = 0; r < rows; ++r) write(r, n, dot<Weight>(w, x + size_t(r) * in, in));  // W's row in L1
+    }
+}
+
+// The activations of one row as 7-bit unsigned integers: x ≈ scale · (q - zero_point), q in [0, 127].
+// The range is [min(x, 0), max(x, 0)] so that 0 is exact, the zero point rounded to an integer.
+struct Quantized {
+    float scale;
+    int32_t zero_point;
+};
+
+Quantized quantize_row(const float* x, int n, uint8_t* q) {
+    float lo = 0.0f, hi = 0.0f;
+#pragma omp simd reduction(min : lo) reduction(max : hi)
+    for (int i = 0; i < n; ++i) {
+        lo = std::min(lo, x[i]);
+        hi = std::max(hi, x[i]);
+    }
+    const int levels = 127;
+    double scale = (double(hi) - double(lo)) / levels;
+    if (float(scale) == 0.0f) scale = 0.1;  // an all-zero row: any scale
+    const double zero_from_min = -double(lo) / scale;
+    const int32_t zero_point = int32_t(std::min(std::max(std::nearbyint(zero_from_min), 0.0), double(levels)));
+    const float inverse = float(1.0 / scale);
+    const float zero = float(zero_point);
+#pragma omp simd
+    for (int i = 0; i < n; ++i) {
+        const float v = __builtin_rintf(x[i] * inverse + zero);
+        q[i] = uint8_t(std::min(std::max(v, 0.0f), float(levels)));
+    }
+    return {float(scale), zero_point};
+}
+
+// An int8 product's input: every row quantized, with its scale and zero point.
+struct QuantizedRows {
+    std::vector<uint8_t> values;
+    std::vector<Quantized> params;
+
+    void quantize(const float* x, int rows, int in) {
+        values.resize(size_t(rows) * in);
+        params.resize(rows);
+        for (int r = 0; r < rows; ++r) params[r] = quantize_row(x + size_t(r) * in, in, &values[size_t(r) * in]);
+    }
+};
+
+// Σ scale_x·(q_x - z)·scale_w·q_w = scale_x·scale_w·(Σ q_x·q_w - z·Σ q_w), plus the bias.
+inline void write_int8(const Matrix& m, const QuantizedRows& x, int r, int n, int32_t sum, float* y, Epilogue epilogue) {
+    const Quantized& p = x.params[r];
+    const float v = (m.bias ? m.bias[n] : 0.0f) + float(sum - p.zero_point * m.row_sum[n]) * (p.scale * m.scale[n]);
+    float& target = y[size_t(r) * m.out + n];
+    target = epilogue == ADD ? target + v : v;
+}
+
+// A few rows (decoding): each weight row read once for all of them.
+void product_int8(const Matrix& m, const QuantizedRows& x, int rows, float* y, Epilogue epilogue, int begin, int end) {
+    const int8_t* weight = static_cast<const int8_t*>(m.weight);
+    const uint8_t* q = x.values.data();
+    if (rows == 1) {  // decoding one sequence: the band as STREAMS streams
+        for (int i = 0; i < (end - begin) / STREAMS; ++i) {
+            const int8_t* w[STREAMS];
+            int32_t sums[STREAMS];
+            for (int j = 0; j < STREAMS; ++j) w[j] = weight + size_t(part_row(begin, end, i, j)) * m.in;
+            dot_u8s8_rows(w, q, m.in, sums);
+            for (int j = 0; j < STREAMS; ++j) write_int8(m, x, 0, part_row(begin, end, i, j), sums[j], y, epilogue);
+        }
+        begin = parts_rest(begin, end);
+    }
+    for (int n = begin; n < end; ++n)
+        for (int r = 0; r < rows; ++r)
+            write_int8(m, x, r, n, dot_u8s8(q + size_t(r) * m.in, weight + size_t(n) * m.in, m.in), y, epilogue);
+}
+
+// Rows of activations taken together by the product of many rows: their integers (64 rows of
+// 3,072 bytes) stay in the core's cache while the weights stream past them.
+constexpr int ROW_BLOCK = 64;
+
+// Many rows (a prompt): two weight rows against TILE activation rows at a time.
+void product_int8_tiled(const Matrix& m, const QuantizedRows& x, int rows, float* y) {
+    const int8_t* weight = static_cast<const int8_t*>(m.weight);
+    const int out = m.out, in = m.in;
+    const uint8_t* q = x.values.data();
+    for (int first = 0; first < rows; first += ROW_BLOCK) {
+        const int last = std::min(first + ROW_BLOCK, rows);
+#pragma omp parallel for schedule(static)
+        for (int pair = 0; pair < (out + 1) / 2; ++pair) {
+            const int n0 = 2 * pair, n1 = std::min(n0 + 1, out - 1);  // an odd last row pairs with itself
+            const int8_t* w0 = weight + size_t(n0) * in;
+            const int8_t* w1 = weight + size_t(n1) * in;
+            int r = first;
+            for (; r + TILE <= last; r += TILE) {
+                const uint8_t* xs[TILE];
+                for (int i = 0; i < TILE; ++i) xs[i] = q + size_t(r + i) * in;
+                int32_t s0[TILE], s1[TILE];
+                dot_u8s8_tile(xs, w0, w1, in, s0, s1);
+                for (int i = 0; i < TILE; ++i) {
+                    write_int8(m, x, r + i, n0, s0[i], y, STORE);
+                    if (n1 != n0) write_int8(m, x, r + i, n1, s1[i], y, STORE);
+                }
+            }
+            for (; r < last; ++r) {
+                write_int8(m, x, r, n0, dot_u8s8(q + size_t(r) * in, w0, in), y, STORE);
+                if (n1 != n0) write_int8(m, x, r, n1, dot_u8s8(q + size_t(r) * in, w1, in), y, STORE);
+            }
+        }
+    }
+}
+
+// What a step shares between its threads, kept between calls (a step allocates nothing once warm).
+struct Scratch {
+    std::vector<float> normed, qkv, heads, hidden, scores;
+    QuantizedRows quantized;
+};
+
+// One product of a step, on every thread of the team: an int8 product's input quantized first (by
+// one thread), then each thread its band of output rows, its part of the results activated if
+// asked (activation >= 0); the team waits for every band before the next phase.
+void team_product(const Team& team, int format, const Matrix& m, const float* x, int rows, float* y,
+                  Epilogue epilogue, Scratch& scratch, int activation = -1) {
+    if (format == INT8) {
+        if (team.thread == 0) scratch.quantized.quantize(x, rows, m.in);
+        team.barrier();
+    }
+    int begin, end;
+    team.share(m.out, begin, end);
+    if (format == INT8)
+        product_int8(m, scratch.quantized, rows, y, epilogue, begin, end);
+    else if (format == BF16)
+        product_float<uint16_t>(m, x, rows, y, epilogue, begin, end);
+    else
+        product_float<float>(m, x, rows, y, epilogue, begin, end);
+    if (activation >= 0)
+        for (int r = 0; r < rows; ++r) activate(y + size_t(r) * m.out + begin, end - begin, activation);
+    team.barrier();
+}
+
+// softmax(q·Kᵀ/√d)·V of the new token of each row over its cached positions, the new k and v
+// written into the cache first; the (row, head) pairs split between the team. qkv: (rows,
+// 3·d_model); heads: (rows, d_model); scores: positions floats a thread.
+void attend(const Team& team, const Step& s, int layer, const float* qkv, float* heads, float* scores) {
+    const int d = s.d_model, nh = s.n_head, hs = d / nh, positions = s.past + 1;
+    const float scale = 1.0f / std::sqrt(float(hs));
+    scores += size_t(team.thread) * positions;
+    int begin, end;
+    team.share(s.rows * nh, begin, end);
+    for (int item = begin; item < end; ++item) {
+        const int r = item / nh, h = item % nh;
+        const size_t base = ((size_t(layer) * s.cache_rows + r) * nh + h) * size_t(s.capacity) * hs;
+        float* keys = s.keys + base;
+        float* values = s.values + base;
+        const float* q = qkv + size_t(r) * 3 * d + h * hs;
+        std::memcpy(keys + size_t(s.past) * hs, q + d, hs * sizeof(float));
+        std::memcpy(values + size_t(s.past) * hs, q + 2 * d, hs * sizeof(float));
+        const uint8_t* mask = s.mask ? s.mask + size_t(r) * positions : nullptr;
+        float top = -INFINITY;
+        for (int j = 0; j < positions; ++j) {
+            scores[j] = (mask && !mask[j]) ? -INFINITY : dot<float>(q, keys + size_t(j) * hs, hs) * scale;
+            top = std::max(top, scores[j]);
+        }
+        float total = 0.0f;
+        for (int j = 0; j < positions; ++j) {
+            scores[j] = scores[j] == -INFINITY ? 0.0f : exp_approx(scores[j] - top);
+            total += scores[j];
+        }
+        float* out = heads + size_t(r) * d + h * hs;
+        std::fill(out, out + hs, 0.0f);
+        const float inverse = 1.0f / total;
+        for (int j = 0; j < positions; ++j) {
+            if (scores[j] == 0.0f) continue;
+            const float weight = scores[j] * inverse;
+            const float* v = values + size_t(j) * hs;
+#pragma omp simd
+            for (int i = 0; i < hs; ++i) out[i] += weight * v[i];
+        }
+    }
+    team.barrier();
+}
+
+// LayerNorm of every row, by one thread (a few rows of d_model: not worth splitting).
+void norm_rows(const Team& team, const Step& s, const float* x, float* y, const float* gain, const float* bias) {
+    if (team.thread == 0)
+        for (int r = 0; r < s.rows; ++r)
+            layer_norm(x + size_t(r) * s.d_model, y + size_t(r) * s.d_model, s.d_model, gain, bias, s.eps);
+    team.barrier();
+}
+
+void size_scratch(const Step& s, Scratch& scratch, int threads) {
+    const size_t rows = s.rows, d = s.d_model;
+    size_t widest = 3 * d;
+    for (int l = 0; l < s.n_layer; ++l) widest = std::max(widest, size_t(s.layers[l].fc.out));
+    scratch.normed.resize(rows * d);
+    scratch.qkv.resize(rows * 3 * d);
+    scratch.heads.resize(rows * d);
+    scratch.hidden.resize(rows * widest);
+    scratch.scores.resize(size_t(threads) * (s.past + 1));
+    scratch.quantized.values.resize(rows * widest);  // sized here: a thread never resizes mid-step
+    scratch.quantized.params.resize(rows);
+}
+
+int max_threads() {
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+}  // namespace
+
+extern "C" {
+
+// The sizes of the structs as compiled, for the Python side to check its mirror of them against.
+int32_t gptkit_struct_sizes(int32_t which) {
+    switch (which) {
+        case 0: return sizeof(Matrix);
+        case 1: return sizeof(Layer);
+        case 2: return sizeof(Step);
+        default: return -1;
+    }
+}
+
+// One step: s.x holds h_0 of the new token of each row; on return h_n (after GPT-2's final
+// LayerNorm), with every layer's k and v of the new token written at position s.past of the cache.
+void gptkit_decode_step(const Step* step) {
+    const Step& s = *step;
+    // The calling thread's scratch, shared with the team by reference (inside the region the name
+    // of a thread_local would be each thread's own).
+    static thread_local Scratch own;
+    Scratch& scratch = own;
+    size_scratch(s, scratch, max_threads());
+    const int rows = s.rows, format = s.format;
+    float* x = s.x;
+    float* normed = scratch.normed.data();
+    float* qkv = scratch.qkv.data();
+    float* heads = scratch.heads.data();
+    float* hidden = scratch.hidden.data();
+    in_team([&](const Team& team) {
+        for (int l = 0; l < s.n_layer; ++l) {
+            const Layer& layer = s.layers[l];
+            if (s.pre_ln) {  // GPT-2: x + attn(LN(x)), then x + mlp(LN(x))
+                norm_rows(team, s, x, normed, layer.ln1_weight, layer.ln1_bias);
+                team_product(team, format, layer.qkv, normed, rows, qkv, STORE, scratch);
+                attend(team, s, l, qkv, heads, scratch.scores.data());
+                team_product(team, format, layer.attn_out, heads, rows, x, ADD, scratch);
+                norm_rows(team, s, x, normed, layer.ln2_weight, layer.ln2_bias);
+                team_product(team, format, layer.fc, normed, rows, hidden, STORE, scratch, s.activation);
+                team_product(team, format, layer.mlp_out, hidden, rows, x, ADD, scratch);
+            } else {  // GPT-1: LN(x + attn(x)), then LN(x + mlp(x))
+                team_product(team, format, layer.qkv, x, rows, qkv, STORE, scratch);
+                attend(team, s, l, qkv, heads, scratch.scores.data());
+                team_product(team, format, layer.attn_out, heads, rows, x, ADD, scratch);
+                norm_rows(team, s, x, x, layer.ln1_weight, layer.ln1_bias);
+                team_product(team, format, layer.fc, x, rows, hidden, STORE, scratch, s.activation);
+                team_product(team, format, layer.mlp_out, hidden, rows, x, ADD, scratch);
+                norm_rows(team, s, x, x, layer.ln2_weight, layer.ln2_bias);
+            }
+        }
+        if (s.lnf_weight) norm_rows(team, s, x, x, s.lnf_weight, s.lnf_bias);
+    });
+}
+
+// The products of a step alone, as the step runs them, on constant activations (s.rows rows),
+// their results discarded: what a step spends streaming its matrices, for measuring what it
+// spends around them.
+void gptkit_step_products(const Step* step) {
+    const Step& s = *step;
+    static thread_local Scratch own;
+    Scratch& scratch = own;  // the caller's, shared with the team
+    size_scratch(s, scratch, max_threads());
+    std::vector<float> input(scratch.hidden.size(), 0.5f), output(scratch.hidden.size());
+    in_team([&](const Team& team) {
+        for (int l = 0; l < s.n_layer; ++l) {
+            const Layer& layer = s.layers[l];
+            for (const Matrix* m : {&layer.qkv, &layer.attn_out, &layer.fc, &layer.mlp_out})
+                team_product(team, s.format, *m, input.data(), s.rows, output.data(), STORE, scratch);
+        }
+    });
+}
+
+// y = x·Wᵀ + b for `rows` rows of x (rows, in) into y (rows, out), W in `format`: the output layer
+// of a step, and int8 matrices' products for any number of rows.
+void gptkit_product(const Matrix* m, int32_t format, const float* x, int32_t rows, float* y) {
+    static thread_local Scratch own;
+    Scratch& scratch = own;  // the caller's, shared with the team
+    if (format == INT8 && rows >= TILE) {
+        QuantizedRows& quantized = scratch.quantized;
+        quantized.values.resize(size_t(rows) * m->in);
+        quantized.params.resize(rows);
+#pragma omp parallel for schedule(static)
+        for (int r = 0; r < rows; ++r)
+            quantized.params[r] = quantize_row(x + size_t(r) * m->in, m->in, &quantized.values[size_t(r) * m->in]);
+        product_int8_tiled(*m, quantized, rows, y);
+        return;
+    }
+    scratch.quantized.values.resize(size_t(rows) * m->in);
+    scratch.quantized.params.resize(rows);
+    in_team([&](const Team& team) { team_product(team, format, *m, x, rows, y, STORE, scratch); });
+}
+
+}  // extern "C"
