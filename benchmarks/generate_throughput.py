@@ -4,6 +4,10 @@ of a 512-token prompt; peak memory.
 (a) GPT-2-small shape: gptkit (KV cache; fp32 in nn.Linear's layout and in the decoding layout that
     `gptkit generate` uses on a CPU, bf16 weights plain and in that layout, int8 weights) against
     GPT2LMHeadModel with its cache.
+    gptkit's native step (gptkit.native: every block of a step in one call, fp32 and int8) against
+    gptkit's PyTorch layouts (oneDNN-packed fp32, FBGEMM int8), alternating: new tok/s with the
+    greedy ids compared, and the milliseconds a token spends outside its matrix products (token
+    time minus the products' time alone, each measured here).
     Beside it, the same weights in the other runtimes a user might pick, each alternating with gptkit:
     - ONNX Runtime on `gptkit export --past` (the past-key/value graph), decoded greedily step by
       step: fp32 against gptkit's fp32 decoding layout (ids checked equal), and ONNX Runtime's own
@@ -21,8 +25,8 @@ bf16 matrix products that crawl there, and half-size weights halve the memory re
 A measurement running past common.TIME_LIMIT_S is reported as skipped. GPTKIT_BENCH_DEVICE=cuda (benchmarks/gpu.sh)
 runs the models on a GPU; the CPU-only formats (the decoding layout, int8) and runtimes are then skipped.
 `--quick`: one timed run a side and 32 new tokens, to check that every row runs. `--avx2`: the same
-rows with PyTorch's kernels held to AVX2 (kept as generate_throughput_avx2): gptkit's bf16 decoding
-layout then multiplies a prompt in fp32 (bf16 is not native). ONNX Runtime and llama.cpp pick their kernels from the
+rows with PyTorch's kernels held to AVX2 and gptkit's native kernels built for AVX2 alone
+(`GPTKIT_NATIVE_MARCH=haswell`), kept as generate_throughput_avx2. ONNX Runtime and llama.cpp pick their kernels from the
 CPU alone and keep their AVX-512 ones: against them gptkit's ratio is a lower bound. On a CPU without
 AVX-512 every runtime runs its AVX2 kernels; the run is kept as generate_throughput_avx2_cpu.
 """
@@ -52,7 +56,7 @@ from common import (
     time_limit,
 )
 
-from gptkit import GPT, generate
+from gptkit import GPT, generate, native
 from gptkit.hardware import packs_for_onednn
 from gptkit.model.layouts import Int8Linear, decoding_layout, has_decoding_layout, load_int8
 
@@ -65,6 +69,7 @@ AVX2_ONLY = {
     "ONEDNN_MAX_CPU_ISA": "AVX2",
     "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
     "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "GPTKIT_NATIVE_MARCH": "haswell",  # gptkit's native kernels built for AVX2 and FMA alone
 }
 # ONNX Runtime and llama.cpp pick their kernels from the CPU alone and cannot be held to AVX2: with
 # --avx2 they keep this CPU's AVX-512 kernels, which puts gptkit's ratio to them at a lower bound.
@@ -514,8 +519,9 @@ def weight_bytes(model: torch.nn.Module) -> int:
     int8 buffers, oneDNN- and FBGEMM-packed matrices), the token and position tables only where the
     tied output layer reads the token table whole (a lookup reads one row of each)."""
     tables = {id(model.wpe.weight)} if hasattr(model, "wpe") else set()
-    if getattr(model, "lm_head", None) is not None:  # the output layer has its own copy
-        tables.add(id(model.wte.weight))
+    lm_head = getattr(model, "lm_head", None)
+    if lm_head is not None and all(t is not model.wte.weight for t in lm_head.parameters()):
+        tables.add(id(model.wte.weight))  # the output layer has its own copy
     tensors = [
         t
         for t in (*model.parameters(), *(b for b in model.buffers() if b.dtype == torch.int8 or b.is_mkldnn))
@@ -544,6 +550,115 @@ def bandwidth_rows(rows: list[dict], models: list[torch.nn.Module], peer_bytes: 
         what = row["what"].replace("greedy new tok/s", "memory-bandwidth fraction")
         out.append(comparison(what, "fraction of memory bandwidth", ours, row["peer"], peer))
     return out
+
+
+def without_native(build):
+    """``build()`` with gptkit's native kernels turned off: the PyTorch layouts gptkit uses where the
+    native library cannot be built."""
+    previous = os.environ.get("GPTKIT_NATIVE")
+    os.environ["GPTKIT_NATIVE"] = "0"
+    try:
+        return build()
+    finally:
+        if previous is None:
+            del os.environ["GPTKIT_NATIVE"]
+        else:
+            os.environ["GPTKIT_NATIVE"] = previous
+
+
+def products_seconds(model: GPT) -> float:
+    """Median seconds of one token's matrix products alone, one row: the native step's block
+    products in one call, or each block Linear called in turn, then the output layer."""
+    d, dtype = model.config.d_model, model.wte.weight.dtype
+    row, wide = torch.randn(1, d, dtype=dtype), torch.randn(1, 4 * d, dtype=dtype)
+    if model.native_step is not None:
+
+        def run():
+            model.native_step.products(1)
+            model.output_layer(row)
+    else:
+
+        def run():
+            for block in model.h:
+                for linear, x in (
+                    (block.attn.c_attn, row),
+                    (block.attn.c_proj, row),
+                    (block.mlp.c_fc, row),
+                    (block.mlp.c_proj, wide),
+                ):
+                    linear(x)
+            model.output_layer(row)
+
+    run()
+    return median([timed(run)[0] for _ in range(9)])
+
+
+def native_rows(tmp: str, prompt: torch.Tensor, ours_layout, ours_bf16_layout, ours_int8) -> list[dict]:
+    """gptkit's native step against gptkit's PyTorch layouts (oneDNN-packed fp32 and bf16, or bf16
+    widened for a prompt; FBGEMM int8) in the same run: new tok/s with the greedy ids compared, and
+    the time a token spends outside its products (token time minus the products' time, both
+    measured here)."""
+    rows = []
+    if ours_layout is None or ours_layout.native_step is None:
+        return [
+            skipped("native step", "tok/s", "gptkit PyTorch layouts", "the native kernels are not available")
+        ]
+    bf16_layout = (
+        "oneDNN-packed" if packs_for_onednn(torch.bfloat16, torch.device("cpu")) else "WideningLinear"
+    )
+    pairs = (
+        (
+            "fp32",
+            ours_layout,
+            without_native(lambda: decoding_layout(GPT.from_pretrained(tmp))),
+            "oneDNN-packed",
+        ),
+        (
+            "bf16",
+            ours_bf16_layout,
+            without_native(lambda: decoding_layout(GPT.from_pretrained(tmp, dtype=torch.bfloat16))),
+            bf16_layout,
+        ),
+        ("int8", ours_int8, without_native(lambda: load_int8(tmp)), "FBGEMM"),
+    )
+    for fmt, fast, pytorch, layout in pairs:
+        peer = f"gptkit {fmt} in its PyTorch layout ({layout})"
+        what = f"greedy new tok/s, GPT-2 small, {fmt}, gptkit native step"
+        try:
+            ours_tps, peer_tps, ours_out, peer_out = measure(
+                lambda model=fast: generate(model, prompt, NEW, temperature=0),
+                lambda model=pytorch: generate(model, prompt, NEW, temperature=0),
+            )
+        except MeasurementTimeout as e:
+            rows.append(skipped(what, "tok/s", peer, f"the measurement {e}"))
+            continue
+        row = comparison(what, "tok/s", ours_tps, peer, peer_tps)
+        row["same_ids"] = bool(torch.equal(ours_out, peer_out))
+        rows.append(row)
+        outside = outside_products_ms([fast, pytorch], prompt)
+        rows.append(
+            comparison(
+                f"ms a token spends outside its matrix products, GPT-2 small, {fmt}, gptkit native step",
+                "ms",
+                outside[0],
+                peer,
+                outside[1],
+                higher_is_better=False,
+            )
+        )
+    return rows
+
+
+def outside_products_ms(models: list[GPT], prompt: torch.Tensor) -> list[float]:
+    """Each model's milliseconds a token spends outside its matrix products: a decode of NEW tokens
+    timed, then its products alone, back to back (the machine's drift touches both alike), the
+    models alternating; the median of REPEATS rounds."""
+    differences: list[list[float]] = [[] for _ in models]
+    for _ in range(REPEATS):
+        for model, spent in zip(models, differences):
+            seconds, _ = timed(lambda model=model: generate(model, prompt, NEW, temperature=0))
+            spent.append(seconds / NEW - products_seconds(model))
+    return [1e3 * median(spent) for spent in differences]
 
 
 @torch.no_grad()
@@ -593,9 +708,12 @@ def main() -> None:
 
         on_cpu = None if DEVICE == "cpu" else "a CPU format: gptkit uses it on CPUs only"
         # What `gptkit generate` and load_for_generation run in fp32 on a CPU: the same values, in
-        # the layouts the CPU streams fastest (gptkit.model.layouts.decoding_layout).
+        # the layouts the CPU streams fastest (gptkit.model.layouts.decoding_layout): the native
+        # step where gptkit.native is built, else oneDNN-packed matrices.
+        uses_native = DEVICE == "cpu" and native.available()
         row, ours_layout = optional(
-            "greedy new tok/s, GPT-2 small, fp32, gptkit decoding layout (oneDNN-packed)",
+            "greedy new tok/s, GPT-2 small, fp32, gptkit decoding layout "
+            + ("(native step)" if uses_native else "(oneDNN-packed)"),
             on_cpu,
             lambda: decoding_layout(GPT.from_pretrained(tmp)),
             True,
@@ -615,7 +733,13 @@ def main() -> None:
         packed = packs_for_onednn(torch.bfloat16, torch.device(DEVICE))
         row, ours_bf16_layout = optional(
             "greedy new tok/s, GPT-2 small, gptkit bf16 weights, decoding layout "
-            + ("(oneDNN-packed)" if packed else "(a prompt widened to fp32)"),
+            + (
+                "(native step)"
+                if uses_native
+                else "(oneDNN-packed)"
+                if packed
+                else "(a prompt widened to fp32)"
+            ),
             None if has_decoding_layout(torch.bfloat16, torch.device(DEVICE)) else "a CPU layout",
             lambda: decoding_layout(GPT.from_pretrained(tmp, dtype=torch.bfloat16)),
             False,
@@ -623,7 +747,8 @@ def main() -> None:
         comparisons.append(row)
         # int8 off the CPU: Int8Linear dequantizes the whole matrix, no fused kernel to measure.
         row, ours_int8 = optional(
-            "greedy new tok/s, GPT-2 small, gptkit int8 weights (8-bit activations while decoding)",
+            "greedy new tok/s, GPT-2 small, gptkit int8 weights "
+            + ("(native step, 7-bit activations)" if uses_native else "(8-bit activations while decoding)"),
             on_cpu,
             lambda: load_int8(tmp),
             False,
@@ -639,6 +764,8 @@ def main() -> None:
             peer_bytes,
             bandwidth,
         )
+        if DEVICE == "cpu":
+            comparisons += native_rows(tmp, prompt, ours_layout, ours_bf16_layout, ours_int8)
         long_prompt = torch.randint(0, 50257, (1, PREFILL)).to(DEVICE)
         gptkit_formats = {
             "fp32": ours_layout if ours_layout is not None else ours,  # what `gptkit generate` runs

@@ -37,6 +37,8 @@ AREAS = {
     "generate_throughput": "Decoding",
     "generate_throughput_avx2": "Decoding, AVX2 emulated on the AVX-512 CPU",
     "generate_throughput_avx2_cpu": "Decoding on a CPU without AVX-512",
+    "decode_products": "A decoding step's products, kernel by kernel",
+    "decode_products_avx2_cpu": "A decoding step's products, kernel by kernel, on a CPU without AVX-512",
     "serve_throughput": "Serving",
     "serve_classify": "Serving task models under load",
     "serve_adapters_memory": "Many adapters, one base: resident memory",
@@ -87,9 +89,14 @@ METHODS = {
         Greedy, random weights, batch 1: new tokens/s after a {prompt_tokens}-token prompt,
         {new_tokens} new tokens, each peer alternating with gptkit, medians of {repeats}; ids checked
         equal to the peer's in fp32. gptkit runs fp32 and bf16 weights in `nn.Linear`'s layout and in
-        the decoding layout `gptkit generate` uses on a CPU (oneDNN-packed), and int8 weights. The
-        bandwidth fraction is the weights' bytes a step reads × tokens/s ÷ a large copy's bandwidth in
-        the same run ({memory_bandwidth_gb_s} GB/s here). `OpenAIGPTLMHeadModel` has no cache.
+        the decoding layout `gptkit generate` uses on a CPU (the native step: every block of a step in
+        one call of `gptkit.native`), and int8 weights. The native step is also measured against
+        gptkit's own PyTorch layouts (oneDNN-packed, FBGEMM: what runs where the kernels cannot be
+        built), greedy ids compared (`same_ids` in the JSON), with the milliseconds a token spends
+        outside its matrix products (the token's time minus the products' time alone, both measured
+        in the run). The bandwidth fraction is the weights' bytes a step reads × tokens/s ÷ a large
+        copy's bandwidth in the same run ({memory_bandwidth_gb_s} GB/s here); a step only reads, so
+        it can pass 1. `OpenAIGPTLMHeadModel` has no cache.
 
         #### Other runtimes: ONNX Runtime int8, llama.cpp, prefill and memory
 
@@ -107,9 +114,18 @@ METHODS = {
     "generate_throughput_avx2_cpu": """
         The same benchmark on another machine: an AMD EPYC with AVX2 and no AVX-512 (so no native
         bf16), 2 cores, {memory_bandwidth_gb_s} GB/s copy bandwidth; every runtime runs its AVX2 kernels.
-        gptkit is behind ONNX Runtime in fp32 and behind llama.cpp here: PyTorch's one-row products
-        alone take longer than llama.cpp's whole fp32 or bf16 token on this CPU, whichever kernel runs
-        them ([measured](experiments.md#on-a-cpu-without-avx-512-what-the-gap-is-made-of)).""",
+        This record was taken with gptkit's PyTorch layouts, before the native step, which has not yet
+        run on a CPU without AVX-512: there gptkit is behind ONNX Runtime in fp32 and behind llama.cpp,
+        PyTorch's one-row products alone taking longer than llama.cpp's whole fp32 or bf16 token
+        ([measured](experiments.md#on-a-cpu-without-avx-512-what-the-gap-is-made-of)). The native
+        step's AVX2 kernels are tested for their numbers on the AVX-512 machines (built with
+        `-mavx2 -mfma`), not yet timed on such a CPU.""",
+    "decode_products": """
+        GPT-2 small's 49 matrices times one row (a decoding step's products), each kernel called
+        matrix by matrix from Python, the kernels alternating, medians of {repeats}, {threads}
+        threads: gptkit's native products against the kernels a user could pick at the same
+        precision. The fraction of the copy bandwidth ({memory_bandwidth_gb_s} GB/s in the same run)
+        each kernel reaches: {bandwidth_fraction_text}.""",
     "serve_throughput": """
         `{setup[server]}`; {setup[clients]} asyncio clients each stream {setup[requests_per_client]}
         requests of {setup[new_tokens]} new tokens, against the same requests one at a time through
@@ -248,9 +264,17 @@ def table(record: dict) -> list[str]:
 
 def method(record: dict) -> list[str]:
     """How the benchmark measured, from METHODS, filled from its record and wrapped at 100 columns."""
-    template = METHODS.get(record["benchmark"])
+    # A run on a CPU without AVX-512 measures as the benchmark does, unless it has words of its own.
+    name = record["benchmark"]
+    template = METHODS.get(name, METHODS.get(name.removesuffix("_avx2_cpu")))
     if template is None:
         return []
+    if "bandwidth_fraction" in record:  # decode_products: one phrase per kernel
+        fractions = record["bandwidth_fraction"].items()
+        record = {
+            **record,
+            "bandwidth_fraction_text": "; ".join(f"{kernel} {value:.2f}" for kernel, value in fractions),
+        }
     lines = []
     for paragraph in textwrap.dedent(template).strip().format_map(record).split("\n\n"):
         if paragraph.startswith("#"):

@@ -1,0 +1,191 @@
+"""The products of one decoding step, kernel by kernel: GPT-2 small's 49 matrices (48 in the blocks,
+the 50257×768 output layer) times one row, each kernel a user could pick for them, side by side.
+
+gptkit's native products (gptkit.native: fp32, bf16 widened as read, int8 with 7-bit activations)
+against, at the same precision:
+- fp32: PyTorch's ``F.linear`` (nn.Linear's layout, MKL), oneDNN on prepacked weights (gptkit's
+  PyTorch decoding layout), numpy's ``matmul`` (its OpenBLAS ``sgemv``), cython-blis's ``gemv``
+  (installed with spaCy);
+- bf16: PyTorch's ``F.linear``, oneDNN on prepacked weights where bf16 is native;
+- int8: FBGEMM's dynamically quantized product on its prepacked matrix, PyTorch's weight-only
+  ``_weight_int8pack_mm``.
+Each kernel is called matrix by matrix from Python (the same few microseconds a call for all), the
+kernels alternating, medians of REPEATS: the milliseconds of the 49 products, and (the record's
+``bandwidth_fraction``) the fraction of the machine's copy bandwidth each kernel reaches (the
+matrices' bytes ÷ time ÷ a large copy's bandwidth, measured in the same run). A kernel this machine lacks gives a skipped row that says so.
+On a CPU without AVX-512 the record is kept as decode_products_avx2_cpu.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from common import comparison, emit, median, skipped
+
+from gptkit import native
+from gptkit.hardware import fbgemm_pack, onednn_linear, onednn_pack, packs_for_onednn
+from gptkit.model.layouts import Int8Linear, native_matrix, native_product
+
+D, VOCAB, LAYERS = 768, 50257, 12
+REPEATS = 7
+IDLE_S = 0.3  # a pause before each timed kernel
+
+
+def shapes() -> list[tuple[int, int]]:
+    """(out, in) of GPT-2 small's matrices in the order a step multiplies them."""
+    block = [(3 * D, D), (D, D), (4 * D, D), (D, 4 * D)]
+    return block * LAYERS + [(VOCAB, D)]
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second of a large copy (read + write), best of 5."""
+    source = torch.ones(64 * 2**20)
+    target = torch.empty_like(source)
+    target.copy_(source)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        target.copy_(source)
+        best = min(best, time.perf_counter() - start)
+    return 2 * source.nbytes / best
+
+
+def kernels(weights: list[torch.Tensor]) -> dict[str, tuple[callable, int] | str]:
+    """name → (one step's products, bytes they read), or the reason the kernel is missing here."""
+    rows = {D: torch.randn(1, D), 4 * D: torch.randn(1, 4 * D)}
+    fp32_bytes = sum(w.numel() * 4 for w in weights)
+    found: dict[str, tuple[callable, int] | str] = {}
+
+    def each(call):
+        return lambda: [call(i, w) for i, w in enumerate(weights)]
+
+    if native.available():
+        matrices = [native_matrix(w) for w in weights]
+        found["gptkit native, fp32"] = (
+            each(lambda i, w: native_product(matrices[i], torch.float32, rows[w.size(1)])),
+            fp32_bytes,
+        )
+    else:
+        found["gptkit native, fp32"] = "the native kernels could not be built here"
+    found["PyTorch F.linear, fp32"] = (each(lambda i, w: F.linear(rows[w.size(1)], w)), fp32_bytes)
+    if packs_for_onednn(torch.float32, torch.device("cpu")):
+        packed = [onednn_pack(w) for w in weights]
+        found["oneDNN prepacked, fp32"] = (
+            each(lambda i, w: onednn_linear(rows[w.size(1)], packed[i], None)),
+            fp32_bytes,
+        )
+    else:
+        found["oneDNN prepacked, fp32"] = "PyTorch's oneDNN linear ops are missing here"
+    arrays = [w.numpy() for w in weights]
+    vectors = {n: r[0].numpy() for n, r in rows.items()}
+    found["numpy matmul (OpenBLAS sgemv), fp32"] = (
+        each(lambda i, w: np.matmul(arrays[i], vectors[w.size(1)])),
+        fp32_bytes,
+    )
+    try:
+        import blis.py
+
+        found["cython-blis gemv, fp32"] = (
+            each(lambda i, w: blis.py.gemv(arrays[i], vectors[w.size(1)])),
+            fp32_bytes,
+        )
+    except ImportError:
+        found["cython-blis gemv, fp32"] = "cython-blis is not installed"
+
+    halves = [w.bfloat16() for w in weights]
+    half_rows = {n: r.bfloat16() for n, r in rows.items()}
+    bf16_bytes = fp32_bytes // 2
+    if native.available():
+        half_matrices = [native_matrix(h) for h in halves]
+        found["gptkit native, bf16"] = (
+            each(lambda i, w: native_product(half_matrices[i], torch.bfloat16, rows[w.size(1)])),
+            bf16_bytes,
+        )
+    else:
+        found["gptkit native, bf16"] = "the native kernels could not be built here"
+    found["PyTorch F.linear, bf16"] = (
+        each(lambda i, w: F.linear(half_rows[w.size(1)], halves[i])),
+        bf16_bytes,
+    )
+    if packs_for_onednn(torch.bfloat16, torch.device("cpu")):
+        half_packed = [onednn_pack(h) for h in halves]
+        found["oneDNN prepacked, bf16"] = (
+            each(lambda i, w: onednn_linear(half_rows[w.size(1)], half_packed[i], None)),
+            bf16_bytes,
+        )
+    else:
+        found["oneDNN prepacked, bf16"] = "bf16 is not native on this CPU (or oneDNN's ops are missing)"
+
+    int8_bytes = fp32_bytes // 4
+    quantized = [Int8Linear(w) for w in weights] if native.available() else []
+    if quantized:
+        found["gptkit native, int8"] = (each(lambda i, w: quantized[i](rows[w.size(1)])), int8_bytes)
+    else:
+        found["gptkit native, int8"] = "the native kernels could not be built here"
+    integers = [torch.round(w / (w.abs().amax(1, keepdim=True) / 127)).to(torch.int8) for w in weights]
+    scales = [w.abs().amax(1) / 127 for w in weights]
+    fbgemm = [fbgemm_pack(q, s, None) for q, s in zip(integers, scales)]
+    if all(p is not None for p in fbgemm):
+        found["FBGEMM dynamic int8"] = (
+            each(lambda i, w: torch.ops.quantized.linear_dynamic(rows[w.size(1)], fbgemm[i], True)),
+            int8_bytes,
+        )
+    else:
+        found["FBGEMM dynamic int8"] = "FBGEMM is missing here"
+    found["PyTorch _weight_int8pack_mm, int8"] = (
+        each(lambda i, w: torch.ops.aten._weight_int8pack_mm(rows[w.size(1)], integers[i], scales[i])),
+        int8_bytes,
+    )
+    return found
+
+
+@torch.no_grad()
+def main() -> None:
+    torch.manual_seed(0)
+    weights = [torch.randn(out, inner) * 0.02 for out, inner in shapes()]
+    found = kernels(weights)
+    runnable = {name: k for name, k in found.items() if not isinstance(k, str)}
+    for run, _ in runnable.values():
+        run()  # warm-up: packing caches, threads, pages
+    times: dict[str, list[float]] = {name: [] for name in runnable}
+    for _ in range(REPEATS):  # every kernel once a round: the machine's drift touches all alike
+        for name, (run, _) in runnable.items():
+            # OpenBLAS's threads spin for a while after each call, taking the cores from whatever
+            # runs next (gptkit's bf16 products after numpy's: 4× slower): they go idle first.
+            time.sleep(IDLE_S)
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    bandwidth = copy_bandwidth()
+    comparisons = []
+    for precision in ("fp32", "bf16", "int8"):
+        ours_name = f"gptkit native, {precision}"
+        peers = [name for name in found if precision in name and name != ours_name]
+        for peer in peers:
+            what = f"ms for GPT-2 small's 49 products, one row, {precision}: gptkit native"
+            if isinstance(found[peer], str) or isinstance(found[ours_name], str):
+                reason = found[peer] if isinstance(found[peer], str) else found[ours_name]
+                comparisons.append(skipped(what, "ms", peer, reason))
+                continue
+            ours_ms, peer_ms = 1e3 * median(times[ours_name]), 1e3 * median(times[peer])
+            comparisons.append(comparison(what, "ms", ours_ms, peer, peer_ms, higher_is_better=False))
+    # The fraction of the copy bandwidth each kernel's products reach (they only read: it may pass 1).
+    fractions = {
+        name: round(nbytes / median(times[name]) / bandwidth, 3) for name, (_, nbytes) in runnable.items()
+    }
+    cpu_avx2_only = torch.backends.cpu.get_cpu_capability() == "AVX2"
+    emit(
+        "decode_products_avx2_cpu" if cpu_avx2_only else "decode_products",
+        comparisons,
+        repeats=REPEATS,
+        memory_bandwidth_gb_s=round(bandwidth / 1e9, 1),
+        bandwidth_fraction=fractions,
+        threads=torch.get_num_threads(),
+    )
+
+
+if __name__ == "__main__":
+    main()
