@@ -141,9 +141,16 @@ def test_streamed_text_equals_generated_text_and_stops(small_tokenizer):
         ln_position="pre",
         dropout=0.0,
     )
-    model = GPT(config).eval()
-    pieces = list(stream_text(model, tokenizer, "Once upon a time", max_new_tokens=20, temperature=0))
-    assert len(pieces) > 1
+    # Random weights: a greedy continuation may be all bytes that never complete a character (then
+    # it arrives as one piece at the end, and seen in a full run, whose earlier tests leave other
+    # global state). The test is about streaming: take the first seed whose text streams in pieces.
+    for seed in range(10):
+        torch.manual_seed(seed)
+        model = GPT(config).eval()
+        pieces = list(stream_text(model, tokenizer, "Once upon a time", max_new_tokens=20, temperature=0))
+        if len(pieces) > 1:
+            break
+    assert len(pieces) > 1, f"no seed of 10 gave a continuation in more than one piece: {pieces}"
     [whole] = generate_text(model, tokenizer, ["Once upon a time"], max_new_tokens=20, temperature=0)
     assert "".join(pieces) == whole
     # One prompt as a string is one prompt (not one per character), and gives a string.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import dataclasses
 import warnings
 
 import pytest
@@ -69,6 +70,38 @@ def test_native_step_computes_what_the_blocks_compute(ln_position, activation, t
         rtol=0,
         atol=1e-4,
     )
+
+
+def test_native_step_reads_masks_as_the_blocks_do_and_leaves_what_it_cannot_to_them():
+    """Masks wider than the positions so far, one mask for every row, a padded new token (it still
+    sees itself): the blocks' numbers. A full cache, or a cache of another shape, goes to the
+    blocks, which say what is wrong; a product's input of the wrong width is refused."""
+    torch.manual_seed(0)
+    original = GPT(small_config()).eval()
+    native_model = decoding_layout(copy.deepcopy(original))
+    prompt, new = torch.randint(0, 211, (2, 9)), torch.randint(0, 211, (2, 1))
+
+    def step(model, mask):
+        cache = KVCache(model.config, 2, 10, dtype=torch.float32)
+        with torch.no_grad():
+            model(prompt, cache=cache)
+            return model(new, attention_mask=mask, cache=cache).logits
+
+    wide = torch.ones(2, 14, dtype=torch.long)
+    wide[0, :3] = 0
+    padded_new = torch.ones(2, 10, dtype=torch.long)
+    padded_new[1, 9] = 0
+    for mask in (wide, torch.ones(1, 10, dtype=torch.long), padded_new):
+        torch.testing.assert_close(step(native_model, mask), step(original, mask), rtol=0, atol=1e-4)
+    full = KVCache(native_model.config, 2, 9, dtype=torch.float32)
+    with torch.no_grad():
+        native_model(prompt, cache=full)
+        with pytest.raises(RuntimeError):  # PyTorch's cache append: no room for a 10th position
+            native_model(new, cache=full)
+    other = KVCache(dataclasses.replace(native_model.config, n_head=2), 2, 12, dtype=torch.float32)
+    assert not native_model.native_step.applies(torch.zeros(2, 1, 64), other, None)
+    with pytest.raises(ValueError, match="input of 32 features for a matrix of 64 inputs"):
+        native_model.h[0].attn.c_attn(torch.randn(1, 32))
 
 
 def test_native_greedy_decoding_matches_transformers(tmp_path):

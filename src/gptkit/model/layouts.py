@@ -296,6 +296,8 @@ def native_matrix(
 def native_product(matrix: native.Matrix, dtype: torch.dtype, x: torch.Tensor) -> torch.Tensor:
     """x·Wᵀ + b through the native kernels, W stored in ``dtype``, for any leading shape of ``x``;
     fp32 out."""
+    if x.size(-1) != matrix.in_:
+        raise ValueError(f"input of {x.size(-1)} features for a matrix of {matrix.in_} inputs")
     rows = x.reshape(-1, x.size(-1)).float().contiguous()
     y = torch.empty(rows.size(0), matrix.out, dtype=torch.float32)
     native.loaded().gptkit_product(
@@ -382,10 +384,27 @@ class NativeStep:
         self.int8 = kinds == {Int8Linear}
         if self.int8 and not all(linear.native for four in linears for linear in four):
             raise ValueError("the int8 blocks were quantized without the native kernels")
-        self.dtype = torch.int8 if self.int8 else linears[0][0].weight.dtype
-        # The step's LayerNorms and the hidden state are fp32: a bf16 model's gains and biases are
-        # held here as fp32 copies (the fp32 ones as they are); the step points at them.
-        self.tensors: list[torch.Tensor] = []
+        dtypes = {linear.weight.dtype for four in linears for linear in four}
+        if len(dtypes) != 1 or not dtypes <= set(native.FORMATS):
+            raise ValueError(
+                f"the native step takes blocks of one dtype among fp32, bf16 and int8, not {dtypes}"
+            )
+        self.dtype = dtypes.pop()
+        self.shape = (config.n_layer, config.n_head, config.head_size)
+        # Every tensor the step points at, held here too: the addresses stay valid even if the
+        # model's modules are replaced (the LayerNorms as fp32 copies where the model is bf16).
+        self.tensors: list[torch.Tensor] = [
+            t
+            for four in linears
+            for linear in four
+            for t in (
+                linear.weight,
+                getattr(linear, "bias32", linear.bias),
+                getattr(linear, "scale", None),
+                getattr(linear, "row_sum", None),
+            )
+            if t is not None
+        ]
 
         def fp32(tensor: torch.Tensor | None) -> int | None:
             if tensor is None:
@@ -420,27 +439,48 @@ class NativeStep:
             "a model in a native decoding layout cannot be copied: copy the original model, then apply the layout"
         )
 
-    def applies(self, x: torch.Tensor, cache: KVCache | None) -> bool:
-        """Whether this call of GPT.forward is a decoding step the native step runs."""
+    def applies(self, x: torch.Tensor, cache: KVCache | None, attention_mask: torch.Tensor | None) -> bool:
+        """Whether this call of GPT.forward is a decoding step the native step runs: one new token a
+        row, no gradient, a CPU cache of this model's fp32 keys and values (a server's has a slot per
+        sequence, the first in use) with room for the token, and a mask the step can read. Anything
+        else (a full cache among it) takes PyTorch's blocks, which say what is wrong."""
+        if cache is None or x.size(1) != 1 or torch.is_grad_enabled() or x.device.type != "cpu":
+            return False
+        keys, values = getattr(cache, "keys", None), getattr(cache, "values", None)
+        if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
+            return False
+        layers, heads, head_size = self.shape
+        past, rows = cache.length, x.size(0)
         return (
-            cache is not None
-            and x.size(1) == 1
-            and x.dtype in (torch.float32, torch.bfloat16)
-            and x.device.type == "cpu"
-            and cache.keys.dtype == torch.float32
-            and cache.keys.size(1) >= x.size(0)  # a server's cache: a slot per sequence, the first in use
-            and cache.keys.is_contiguous()
-            and cache.values.is_contiguous()
-            and not torch.is_grad_enabled()
+            x.dtype in (torch.float32, torch.bfloat16)
+            and keys.shape == values.shape
+            and keys.dim() == 5
+            and (keys.size(0), keys.size(2), keys.size(4)) == (layers, heads, head_size)
+            and keys.size(1) >= rows
+            and past < keys.size(3)
+            and keys.dtype == values.dtype == torch.float32
+            and keys.device.type == values.device.type == "cpu"
+            and keys.is_contiguous()
+            and values.is_contiguous()
+            and (
+                attention_mask is None
+                or (
+                    attention_mask.dim() == 2
+                    and attention_mask.size(0) in (1, rows)
+                    and attention_mask.size(1) > past
+                )
+            )
         )
 
     def __call__(self, x: torch.Tensor, cache: KVCache, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """h_n (B, 1, d), fp32, from h_0 (B, 1, d), writing the new keys and values at
         ``cache.length`` (the caller advances the cache)."""
         x = x.to(torch.float32, copy=True).contiguous()  # written in place
-        mask = None
-        if attention_mask is not None:
-            mask = attention_mask.to(torch.uint8).contiguous()
+        mask, positions = None, cache.length + 1
+        if attention_mask is not None:  # (rows, past + 1), as the blocks read it
+            mask = (
+                attention_mask[:, :positions].ne(0).expand(x.size(0), positions).to(torch.uint8).contiguous()
+            )
         step = native.Step(
             **self.sizes,
             rows=x.size(0),

@@ -251,7 +251,7 @@ class GPT(nn.Module):
             positions = self.sinusoids[position_ids]
         x = self.drop(self.wte(input_ids) + positions)  # h_0 = U·W_e + W_p, (B, T, d)
 
-        if self.native_step is not None and self.native_step.applies(x, cache):
+        if self.native_step is not None and self.native_step.applies(x, cache, attention_mask):
             x = self.native_step(x, cache, attention_mask)  # the blocks and ln_f in one call
         else:
             mask = self._attention_mask(attention_mask, past, T, input_ids.device)

@@ -158,7 +158,7 @@ def build(compiler: str | None = None) -> Path:
     for flags in flag_sets():
         try:
             return compile_library(target, flags, compiler)
-        except RuntimeError as error:
+        except (RuntimeError, subprocess.SubprocessError) as error:  # a failure, or a timeout
             errors.append(f"{' '.join(flags) or 'generic'}: {error}")
     raise RuntimeError(f"{compiler} could not compile {SOURCE.name} ({'; '.join(errors)})")
 

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include <atomic>
+#include <thread>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
@@ -303,6 +304,8 @@ inline void pause() {
 #endif
 }
 
+constexpr int SPINS_BEFORE_YIELD = 20000;  // tens of microseconds of pause instructions
+
 struct Team {
     int thread = 0, threads = 1;
     std::atomic<int>* arrived = nullptr;
@@ -316,7 +319,14 @@ struct Team {
             arrived->store(0, std::memory_order_relaxed);
             generation->fetch_add(1, std::memory_order_release);
         } else {
-            while (generation->load(std::memory_order_acquire) == seen) pause();
+            // Spin (a phase's wait is microseconds), then yield the core: with more threads than
+            // cores free (other processes, two steps at once) the awaited thread needs it to run.
+            for (int spins = 0; generation->load(std::memory_order_acquire) == seen; ++spins) {
+                if (spins < SPINS_BEFORE_YIELD)
+                    pause();
+                else
+                    std::this_thread::yield();
+            }
         }
     }
 
@@ -570,7 +580,10 @@ void attend(const Team& team, const Step& s, int layer, const float* qkv, float*
         const uint8_t* mask = s.mask ? s.mask + size_t(r) * positions : nullptr;
         float top = -INFINITY;
         for (int j = 0; j < positions; ++j) {
-            scores[j] = (mask && !mask[j]) ? -INFINITY : dot<float>(q, keys + size_t(j) * hs, hs) * scale;
+            // A padding position is skipped, but the new token always sees itself (as PyTorch's
+            // mask keeps the diagonal: a padded query's row is never empty).
+            const bool skip = mask && !mask[j] && j != s.past;
+            scores[j] = skip ? -INFINITY : dot<float>(q, keys + size_t(j) * hs, hs) * scale;
             top = std::max(top, scores[j]);
         }
         float total = 0.0f;
