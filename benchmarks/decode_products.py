@@ -62,14 +62,12 @@ def kernels(weights: list[torch.Tensor]) -> dict[str, tuple[callable, int] | str
     def each(call):
         return lambda: [call(i, w) for i, w in enumerate(weights)]
 
-    if native.available():
-        matrices = [native_matrix(w) for w in weights]
-        found["gptkit native, fp32"] = (
-            each(lambda i, w: native_product(matrices[i], torch.float32, rows[w.size(1)])),
-            fp32_bytes,
-        )
-    else:
-        found["gptkit native, fp32"] = "the native kernels could not be built here"
+    missing_native = None if native.available() else "the native kernels could not be built here"
+    matrices = [native_matrix(w) for w in weights]
+    found["gptkit native, fp32"] = missing_native or (
+        each(lambda i, w: native_product(matrices[i], torch.float32, rows[w.size(1)])),
+        fp32_bytes,
+    )
     found["PyTorch F.linear, fp32"] = (each(lambda i, w: F.linear(rows[w.size(1)], w)), fp32_bytes)
     if packs_for_onednn(torch.float32, torch.device("cpu")):
         packed = [onednn_pack(w) for w in weights]
@@ -98,14 +96,11 @@ def kernels(weights: list[torch.Tensor]) -> dict[str, tuple[callable, int] | str
     halves = [w.bfloat16() for w in weights]
     half_rows = {n: r.bfloat16() for n, r in rows.items()}
     bf16_bytes = fp32_bytes // 2
-    if native.available():
-        half_matrices = [native_matrix(h) for h in halves]
-        found["gptkit native, bf16"] = (
-            each(lambda i, w: native_product(half_matrices[i], torch.bfloat16, rows[w.size(1)])),
-            bf16_bytes,
-        )
-    else:
-        found["gptkit native, bf16"] = "the native kernels could not be built here"
+    half_matrices = [native_matrix(h) for h in halves]
+    found["gptkit native, bf16"] = missing_native or (
+        each(lambda i, w: native_product(half_matrices[i], torch.bfloat16, rows[w.size(1)])),
+        bf16_bytes,
+    )
     found["PyTorch F.linear, bf16"] = (
         each(lambda i, w: F.linear(half_rows[w.size(1)], halves[i])),
         bf16_bytes,
@@ -120,11 +115,11 @@ def kernels(weights: list[torch.Tensor]) -> dict[str, tuple[callable, int] | str
         found["oneDNN prepacked, bf16"] = "bf16 is not native on this CPU (or oneDNN's ops are missing)"
 
     int8_bytes = fp32_bytes // 4
-    quantized = [Int8Linear(w) for w in weights] if native.available() else []
-    if quantized:
-        found["gptkit native, int8"] = (each(lambda i, w: quantized[i](rows[w.size(1)])), int8_bytes)
-    else:
-        found["gptkit native, int8"] = "the native kernels could not be built here"
+    quantized = [] if missing_native else [Int8Linear(w) for w in weights]
+    found["gptkit native, int8"] = missing_native or (
+        each(lambda i, w: quantized[i](rows[w.size(1)])),
+        int8_bytes,
+    )
     integers = [torch.round(w / (w.abs().amax(1, keepdim=True) / 127)).to(torch.int8) for w in weights]
     scales = [w.abs().amax(1) / 127 for w in weights]
     fbgemm = [fbgemm_pack(q, s, None) for q, s in zip(integers, scales)]

@@ -225,12 +225,6 @@ def _library() -> ctypes.CDLL | None:
         return None
 
 
-def library() -> ctypes.CDLL | None:
-    """The loaded library, built on first use; None where it is turned off or cannot be built (with
-    one warning)."""
-    return _library() if enabled() else None
-
-
 def loaded() -> ctypes.CDLL:
     """The library that layouts built with the native kernels call, whatever ``GPTKIT_NATIVE`` says
     now (it decides which layout a model gets, not what a model already built runs)."""
@@ -242,7 +236,8 @@ def loaded() -> ctypes.CDLL:
 
 def available(device: torch.device | str = "cpu") -> bool:
     """Whether decoding on ``device`` uses the native kernels: a CPU, and the library at hand."""
-    return torch.device(device).type == "cpu" and library() is not None
+    # Built on first use; where it cannot be, one warning and False from then on.
+    return torch.device(device).type == "cpu" and enabled() and _library() is not None
 
 
 def pointer(tensor: torch.Tensor | None) -> int | None:

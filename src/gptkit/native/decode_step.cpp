@@ -180,50 +180,40 @@ inline int32_t ivec_sum(ivec v) {
 #define GPTKIT_INT_VECTORS 1
 #endif
 
-inline int32_t dot_u8s8(const uint8_t* x, const int8_t* w, int n) {
+// Σ x·w of `W` weight rows against `X` activation rows at once, sums[i·X + j] for weight row i and
+// activation row j: each piece of weights and activations loaded once for all its products (two
+// weight rows as two streams while decoding; 2 × 4 for a prompt's many rows). Exact in int32.
+template <int W, int X>
+inline void dot_u8s8(const int8_t* const* w, const uint8_t* const* x, int n, int32_t* sums) {
     int k = 0;
-    int32_t sum = 0;
+    for (int i = 0; i < W * X; ++i) sums[i] = 0;
 #ifdef GPTKIT_INT_VECTORS
-    ivec a0 = ivec_zero(), a1 = ivec_zero();
-    for (; k + 2 * IVEC_BYTES <= n; k += 2 * IVEC_BYTES) {
-        a0 = ivec_dot(a0, ivec_load(x + k), ivec_load(w + k));
-        a1 = ivec_dot(a1, ivec_load(x + k + IVEC_BYTES), ivec_load(w + k + IVEC_BYTES));
+    ivec a[W * X];
+    for (int i = 0; i < W * X; ++i) a[i] = ivec_zero();
+    for (; k + IVEC_BYTES <= n; k += IVEC_BYTES) {
+        ivec xk[X];
+        for (int j = 0; j < X; ++j) xk[j] = ivec_load(x[j] + k);
+        for (int i = 0; i < W; ++i) {
+            const ivec wk = ivec_load(w[i] + k);
+            for (int j = 0; j < X; ++j) a[i * X + j] = ivec_dot(a[i * X + j], xk[j], wk);
+        }
     }
-    for (; k + IVEC_BYTES <= n; k += IVEC_BYTES) a0 = ivec_dot(a0, ivec_load(x + k), ivec_load(w + k));
-    sum = ivec_sum(a0) + ivec_sum(a1);
+    for (int i = 0; i < W * X; ++i) sums[i] = ivec_sum(a[i]);
 #endif
-    for (; k < n; ++k) sum += int32_t(x[k]) * int32_t(w[k]);
+    for (; k < n; ++k)
+        for (int i = 0; i < W; ++i)
+            for (int j = 0; j < X; ++j) sums[i * X + j] += int32_t(x[j][k]) * int32_t(w[i][k]);
+}
+
+// One weight row against one activation row.
+inline int32_t dot_u8s8(const int8_t* w, const uint8_t* x, int n) {
+    int32_t sum;
+    dot_u8s8<1, 1>(&w, &x, n, &sum);
     return sum;
 }
 
-// Two weight rows against TILE rows of activations: each piece of weights and activations loaded
-// once for several products (a prompt's many rows), where one product at a time would load two
-// pieces for each.
+// Activation rows a prompt's int8 product takes at a time, against two weight rows.
 constexpr int TILE = 4;
-
-inline void dot_u8s8_tile(const uint8_t* const* x, const int8_t* w0, const int8_t* w1, int n, int32_t* out0,
-                          int32_t* out1) {
-    int k = 0;
-    for (int r = 0; r < TILE; ++r) out0[r] = out1[r] = 0;
-#ifdef GPTKIT_INT_VECTORS
-    ivec a0[TILE], a1[TILE];
-    for (int r = 0; r < TILE; ++r) a0[r] = a1[r] = ivec_zero();
-    for (; k + IVEC_BYTES <= n; k += IVEC_BYTES) {
-        const ivec v0 = ivec_load(w0 + k), v1 = ivec_load(w1 + k);
-        for (int r = 0; r < TILE; ++r) {
-            const ivec xr = ivec_load(x[r] + k);
-            a0[r] = ivec_dot(a0[r], xr, v0);
-            a1[r] = ivec_dot(a1[r], xr, v1);
-        }
-    }
-    for (int r = 0; r < TILE; ++r) out0[r] = ivec_sum(a0[r]), out1[r] = ivec_sum(a1[r]);
-#endif
-    for (; k < n; ++k)
-        for (int r = 0; r < TILE; ++r) {
-            out0[r] += int32_t(x[r][k]) * int32_t(w0[k]);
-            out1[r] += int32_t(x[r][k]) * int32_t(w1[k]);
-        }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Element-wise functions, written without library calls so that the compiler vectorizes the loops.
@@ -384,22 +374,6 @@ inline void dot_rows(const Weight* const* w, const float* x, int n, float* sums)
         for (int i = 0; i < STREAMS; ++i) sums[i] += widen(w[i][k]) * x[k];
 }
 
-inline void dot_u8s8_rows(const int8_t* const* w, const uint8_t* x, int n, int32_t* sums) {
-    int k = 0;
-    for (int i = 0; i < STREAMS; ++i) sums[i] = 0;
-#ifdef GPTKIT_INT_VECTORS
-    ivec a[STREAMS];
-    for (int i = 0; i < STREAMS; ++i) a[i] = ivec_zero();
-    for (; k + IVEC_BYTES <= n; k += IVEC_BYTES) {
-        const ivec xk = ivec_load(x + k);
-        for (int i = 0; i < STREAMS; ++i) a[i] = ivec_dot(a[i], xk, ivec_load(w[i] + k));
-    }
-    for (int i = 0; i < STREAMS; ++i) sums[i] = ivec_sum(a[i]);
-#endif
-    for (; k < n; ++k)
-        for (int i = 0; i < STREAMS; ++i) sums[i] += int32_t(x[k]) * int32_t(w[i][k]);
-}
-
 // Where row i of part j of a band [begin, end) split into STREAMS parts is (the rest: `rest`).
 inline int part_row(int begin, int end, int i, int j) { return begin + j * ((end - begin) / STREAMS) + i; }
 inline int parts_rest(int begin, int end) { return begin + STREAMS * ((end - begin) / STREAMS); }
@@ -466,6 +440,8 @@ struct QuantizedRows {
     void quantize(const float* x, int rows, int in) {
         values.resize(size_t(rows) * in);
         params.resize(rows);
+        // A prompt's rows on every core (called by one thread of a step's team, a few rows: not).
+#pragma omp parallel for schedule(static) if (rows >= TILE)
         for (int r = 0; r < rows; ++r) params[r] = quantize_row(x + size_t(r) * in, in, &values[size_t(r) * in]);
     }
 };
@@ -487,14 +463,14 @@ void product_int8(const Matrix& m, const QuantizedRows& x, int rows, float* y, E
             const int8_t* w[STREAMS];
             int32_t sums[STREAMS];
             for (int j = 0; j < STREAMS; ++j) w[j] = weight + size_t(part_row(begin, end, i, j)) * m.in;
-            dot_u8s8_rows(w, q, m.in, sums);
+            dot_u8s8<STREAMS, 1>(w, &q, m.in, sums);
             for (int j = 0; j < STREAMS; ++j) write_int8(m, x, 0, part_row(begin, end, i, j), sums[j], y, epilogue);
         }
         begin = parts_rest(begin, end);
     }
     for (int n = begin; n < end; ++n)
         for (int r = 0; r < rows; ++r)
-            write_int8(m, x, r, n, dot_u8s8(q + size_t(r) * m.in, weight + size_t(n) * m.in, m.in), y, epilogue);
+            write_int8(m, x, r, n, dot_u8s8(weight + size_t(n) * m.in, q + size_t(r) * m.in, m.in), y, epilogue);
 }
 
 // Rows of activations taken together by the product of many rows: their integers (64 rows of
@@ -511,22 +487,24 @@ void product_int8_tiled(const Matrix& m, const QuantizedRows& x, int rows, float
 #pragma omp parallel for schedule(static)
         for (int pair = 0; pair < (out + 1) / 2; ++pair) {
             const int n0 = 2 * pair, n1 = std::min(n0 + 1, out - 1);  // an odd last row pairs with itself
-            const int8_t* w0 = weight + size_t(n0) * in;
-            const int8_t* w1 = weight + size_t(n1) * in;
+            const int8_t* w[2] = {weight + size_t(n0) * in, weight + size_t(n1) * in};
             int r = first;
             for (; r + TILE <= last; r += TILE) {
                 const uint8_t* xs[TILE];
                 for (int i = 0; i < TILE; ++i) xs[i] = q + size_t(r + i) * in;
-                int32_t s0[TILE], s1[TILE];
-                dot_u8s8_tile(xs, w0, w1, in, s0, s1);
+                int32_t sums[2 * TILE];
+                dot_u8s8<2, TILE>(w, xs, in, sums);
                 for (int i = 0; i < TILE; ++i) {
-                    write_int8(m, x, r + i, n0, s0[i], y, STORE);
-                    if (n1 != n0) write_int8(m, x, r + i, n1, s1[i], y, STORE);
+                    write_int8(m, x, r + i, n0, sums[i], y, STORE);
+                    if (n1 != n0) write_int8(m, x, r + i, n1, sums[TILE + i], y, STORE);
                 }
             }
             for (; r < last; ++r) {
-                write_int8(m, x, r, n0, dot_u8s8(q + size_t(r) * in, w0, in), y, STORE);
-                if (n1 != n0) write_int8(m, x, r, n1, dot_u8s8(q + size_t(r) * in, w1, in), y, STORE);
+                const uint8_t* xr = q + size_t(r) * in;
+                int32_t sums[2];
+                dot_u8s8<2, 1>(w, &xr, in, sums);
+                write_int8(m, x, r, n0, sums[0], y, STORE);
+                if (n1 != n0) write_int8(m, x, r, n1, sums[1], y, STORE);
             }
         }
     }
@@ -712,13 +690,8 @@ void gptkit_product(const Matrix* m, int32_t format, const float* x, int32_t row
     static thread_local Scratch own;
     Scratch& scratch = own;  // the caller's, shared with the team
     if (format == INT8 && rows >= TILE) {
-        QuantizedRows& quantized = scratch.quantized;
-        quantized.values.resize(size_t(rows) * m->in);
-        quantized.params.resize(rows);
-#pragma omp parallel for schedule(static)
-        for (int r = 0; r < rows; ++r)
-            quantized.params[r] = quantize_row(x + size_t(r) * m->in, m->in, &quantized.values[size_t(r) * m->in]);
-        product_int8_tiled(*m, quantized, rows, y);
+        scratch.quantized.quantize(x, rows, m->in);
+        product_int8_tiled(*m, scratch.quantized, rows, y);
         return;
     }
     scratch.quantized.values.resize(size_t(rows) * m->in);
