@@ -40,6 +40,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
@@ -555,15 +556,8 @@ def bandwidth_rows(rows: list[dict], models: list[torch.nn.Module], peer_bytes: 
 def without_native(build):
     """``build()`` with gptkit's native kernels turned off: the PyTorch layouts gptkit uses where the
     native library cannot be built."""
-    previous = os.environ.get("GPTKIT_NATIVE")
-    os.environ["GPTKIT_NATIVE"] = "0"
-    try:
+    with mock.patch.dict(os.environ, {"GPTKIT_NATIVE": "0"}):
         return build()
-    finally:
-        if previous is None:
-            del os.environ["GPTKIT_NATIVE"]
-        else:
-            os.environ["GPTKIT_NATIVE"] = previous
 
 
 def products_seconds(model: GPT) -> float:
