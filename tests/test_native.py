@@ -175,7 +175,7 @@ def test_native_int8_step_computes_what_the_int8_blocks_compute(threads):
     torch.manual_seed(0)
     original = GPT(small_config()).eval()
     quantized = quantize_int8(copy.deepcopy(original))
-    assert quantized.native_step is not None and quantized.native_step.int8
+    assert quantized.native_step is not None and quantized.native_step.dtype == torch.int8
     prompt, new = torch.randint(0, 211, (2, 9)), torch.randint(0, 211, (2, 1))
     fused = step_logits(quantized, prompt, None, new)
     quantized.native_step = None  # the blocks one by one

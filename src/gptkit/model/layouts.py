@@ -381,8 +381,7 @@ class NativeStep:
             raise ValueError(
                 f"the native step takes NativeLinear or native int8 blocks, not {sorted(k.__name__ for k in kinds)}"
             )
-        self.int8 = kinds == {Int8Linear}
-        if self.int8 and not all(linear.native for four in linears for linear in four):
+        if kinds == {Int8Linear} and not all(linear.native for four in linears for linear in four):
             raise ValueError("the int8 blocks were quantized without the native kernels")
         dtypes = {linear.weight.dtype for four in linears for linear in four}
         if len(dtypes) != 1 or not dtypes <= set(native.FORMATS):
