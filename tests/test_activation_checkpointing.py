@@ -101,3 +101,74 @@ def test_the_config_field_is_checked():
         TrainConfig(activation_checkpointing="some")
     with pytest.raises(ValueError, match=r"fsdp_offload.*add --fsdp"):
         TrainConfig(fsdp_offload=True)
+
+
+# A fused attention that draws its dropout mask from the global generator, as CUDA's flash and
+# memory-efficient kernels do (on a CPU, attention with dropout runs unfused, so torch's own
+# kernels cannot show it here). Like them it is tagged nondeterministic_seeded, has a dropout_p
+# argument, and has a backward of its own that reads the mask it drew (flash reads its philox
+# seed and offset), so checkpointing sees one op, as it sees flash attention.
+@torch.library.custom_op(
+    "gptkit_test::seeded_attention", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,)
+)
+def seeded_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    keep = (torch.rand(q.shape[:-1] + (k.shape[-2],)) >= dropout_p).to(q.dtype) / (1 - dropout_p)
+    return _masked_attention(q, k, v, keep), keep
+
+
+@seeded_attention.register_fake
+def _(q, k, v, dropout_p):
+    return torch.empty_like(q), q.new_empty(q.shape[:-1] + (k.shape[-2],))
+
+
+def _masked_attention(q, k, v, keep):
+    scores = (q @ k.transpose(-2, -1)) / q.size(-1) ** 0.5
+    causal = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool).tril()
+    weights = scores.masked_fill(~causal, float("-inf")).softmax(-1) * keep
+    return weights @ v
+
+
+def _seeded_attention_context(ctx, inputs, output):
+    q, k, v, _ = inputs
+    ctx.save_for_backward(q, k, v, output[1])
+
+
+def _seeded_attention_backward(ctx, grad, _grad_keep):
+    q, k, v, keep = ctx.saved_tensors
+    with torch.enable_grad():
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        return (*torch.autograd.grad(_masked_attention(q, k, v, keep), (q, k, v), grad), None)
+
+
+seeded_attention.register_autograd(_seeded_attention_backward, setup_context=_seeded_attention_context)
+
+
+def test_selective_draws_every_dropout_mask_as_the_unchecked_run_with_a_seeded_fused_attention(monkeypatch):
+    """A kept op that draws random numbers is not run again in the recomputation, so the dropouts
+    after it would draw at other generator offsets than in the forward pass: gradients of other
+    masks, with nothing to flag it. Such an op is recomputed while it draws (dropout_p > 0)."""
+    from gptkit.train import activation_checkpointing
+
+    def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False):
+        assert attn_mask is None and is_causal, "the tiny model's training forward: causal, no mask"
+        return torch.ops.gptkit_test.seeded_attention(q, k, v, dropout_p)[0]
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", attention)
+    seeded = torch.ops.gptkit_test.seeded_attention.default
+    monkeypatch.setattr(activation_checkpointing, "_KEPT_OPS", {*activation_checkpointing._KEPT_OPS, seeded})
+    plain = tiny_gpt("pre")
+    loss, expected = gradients(plain)
+    for mode in ("full", "selective"):
+        checked = apply_activation_checkpointing(copy.deepcopy(plain), mode)
+        checked_loss, got = gradients(checked)
+        assert checked_loss == loss
+        for name in expected:
+            torch.testing.assert_close(got[name], expected[name], rtol=1e-6, atol=1e-7, msg=f"{mode}: {name}")
+    # Without dropout the same op draws nothing, and selective keeps it (its products are not redone).
+    plain.set_dropout(0.0)
+    selective = apply_activation_checkpointing(copy.deepcopy(plain), "selective")
+    with CountOps(seeded) as counter:
+        gradients(selective)
+    assert counter.counts[seeded] == N_LAYER

@@ -5,6 +5,9 @@ and runs the block's forward again during the backward pass; ``selective`` keeps
 the matrix products and of attention (the expensive operations) and recomputes the rest: LayerNorm,
 GELU, dropout and the residual adds, which cost a few percent of a block's FLOPs but hold most of
 its saved bytes (GELU's input and output alone are two tensors four times the model's width).
+An operation that draws random numbers is never kept while it draws: fused attention with dropout
+(CUDA's flash and memory-efficient kernels draw their masks from the generator) is recomputed, so
+that every mask of the block is drawn again at the offsets of the forward pass.
 
 The block's forward is replaced on the instance, so the model's class, its parameter names and its
 state dict are unchanged (checkpoints load anywhere); FSDP2 and DDP wrap the block as before.
@@ -20,7 +23,8 @@ import torch.nn as nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 # What `selective` keeps: the linear layers' products (addmm or mm after autograd's decomposition)
-# and every fused attention kernel's output (CPU, flash, memory-efficient, cuDNN). Attention that
+# and every fused attention kernel's output (CPU, flash, memory-efficient, cuDNN) when it draws no
+# dropout mask (see _keep_products). Attention that
 # falls back to the unfused path (dropout on a CPU) is recomputed whole: its products (bmm) are the
 # (T × T) scores of every head, the largest tensors of a block.
 _aten = torch.ops.aten
@@ -34,8 +38,27 @@ _KEPT_OPS = {
 }
 
 
+def _draws_random_numbers(op, args: tuple, kwargs: dict) -> bool:
+    """Whether this call of ``op`` draws from the generator: an op torch tags as seeded, unless its
+    ``dropout_p`` is 0 (fused attention draws only for its dropout mask)."""
+    if torch.Tag.nondeterministic_seeded not in op.tags:
+        return False
+    names = [argument.name for argument in op._schema.arguments]
+    if "dropout_p" not in names:
+        return True
+    index = names.index("dropout_p")
+    dropout_p = args[index] if index < len(args) else kwargs.get("dropout_p", 0.0)
+    return dropout_p > 0.0
+
+
 def _keep_products(ctx, op, *args, **kwargs) -> CheckpointPolicy:
-    return CheckpointPolicy.MUST_SAVE if op in _KEPT_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+    # The recomputation starts from the forward pass's generator state (preserve_rng_state) and
+    # replays every op it does not find kept: a kept op that drew random numbers would draw nothing
+    # there, and every dropout after it in the block would take another mask than in the forward
+    # pass, silently. So a kept op is kept only when it draws nothing.
+    if op in _KEPT_OPS and not _draws_random_numbers(op, args, kwargs):
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def _selective_contexts():
