@@ -1,7 +1,8 @@
 """Many processes through torchrun: DDP or FSDP2, applied from outside the model.
 
 ``torchrun --nproc_per_node=N gptkit pretrain ...`` sets WORLD_SIZE, RANK and LOCAL_RANK; this
-module reads them, starts the process group (NCCL on GPUs, gloo on CPUs) and wraps the model.
+module reads them, starts the process group (NCCL on GPUs with gloo beside it for what lives on the
+host, gloo on CPUs) and wraps the model.
 A single process (no WORLD_SIZE, or 1) runs the same code with no wrapper.
 """
 
@@ -89,8 +90,19 @@ def init_distributed(device: str | None = "auto") -> DistributedContext:
         torch.cuda.set_device(local_rank)  # one GPU per process, as torchrun numbers them
         torch_device = torch.device("cuda", local_rank)
     if world_size > 1 and not dist.is_initialized():
-        _init_process_group("nccl" if torch_device.type == "cuda" else "gloo", rank, world_size)
+        _init_process_group(process_group_backend(torch_device.type), rank, world_size)
     return DistributedContext(rank=rank, world_size=world_size, local_rank=local_rank, device=torch_device)
+
+
+def process_group_backend(device_type: str) -> str:
+    """The process group's backend for processes on ``device_type``.
+
+    NCCL serves CUDA tensors only: a group started as plain ``"nccl"`` refuses every collective on
+    a host tensor ("No backend type associated with device type cpu"). Under FSDP2 with CPU offload
+    the gradient shards live on the host and clipping all-reduces their norm there, so a CUDA group
+    names gloo for the CPU beside NCCL for the GPU (as torchtune starts it); collectives on GPU
+    tensors still go through NCCL."""
+    return "cuda:nccl,cpu:gloo" if device_type == "cuda" else "gloo"
 
 
 def _init_process_group(backend: str, rank: int, world_size: int) -> None:
@@ -113,7 +125,7 @@ def _init_process_group(backend: str, rank: int, world_size: int) -> None:
         backend, store=dist.PrefixStore(f"gptkit/group-{formed}", agent), rank=rank, world_size=world_size
     )
     # Every process of this group has read the count (NCCL: on this process's GPU, set above).
-    dist.barrier(device_ids=[torch.cuda.current_device()] if backend == "nccl" else None)
+    dist.barrier(device_ids=[torch.cuda.current_device()] if "nccl" in backend else None)
     if rank == 0:
         agent.add("gptkit/groups_formed", 1)
 

@@ -1,0 +1,84 @@
+"""NCCL's rule, made to apply on a CPU: a process group serves only the device types its backend
+string names, and NCCL serves CUDA alone. With ``--fsdp-offload`` the gradient shards live on the
+host, and clipping all-reduces their norm there: a group started as plain ``"nccl"`` refuses it
+("No backend type associated with device type cpu"). Here two gloo processes start their group
+through gptkit's own :func:`init_distributed` as it does for CUDA, with NCCL replaced by gloo
+restricted to the ``cuda`` device type, exactly what NCCL offers; then clip the norm of
+gradients sharded on the CPU, as FSDP2 leaves them with offload."""
+
+from __future__ import annotations
+
+import os
+from unittest import mock
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tests.serve_schema import free_port
+
+
+def as_nccl_would_serve(backend: str | None = None, **kwargs) -> None:
+    """``dist.init_process_group`` with NCCL swapped for gloo on the device types NCCL serves:
+    ``"nccl"`` alone becomes ``"cuda:gloo"`` (no CPU backend), ``"cuda:nccl,cpu:gloo"`` keeps its
+    CPU backend."""
+    if backend == "nccl":
+        backend = "cuda:gloo"
+    backend = backend.replace("cuda:nccl", "cuda:gloo")
+    assert "nccl" not in backend, backend
+    REAL_INIT(backend, **kwargs)
+
+
+REAL_INIT = dist.init_process_group
+
+
+def clip_host_shards(rank: int, world_size: int, port: int, results) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    from gptkit.train import distributed
+
+    os.environ.update(
+        WORLD_SIZE=str(world_size), RANK=str(rank), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )  # fmt: skip
+    cuda = torch.device("cuda")
+    with (
+        mock.patch.object(distributed, "resolve_device", return_value=cuda),
+        mock.patch.object(torch.cuda, "set_device"),
+        mock.patch.object(dist, "init_process_group", as_nccl_would_serve),
+    ):
+        distributed.init_distributed("cuda")
+    try:
+        # The full gradient is 0..7 (norm sqrt(140)); each rank holds its half on the host, as
+        # FSDP2 shards with CPUOffloadPolicy.
+        mesh = init_device_mesh("cpu", (world_size,))
+        full = torch.arange(8, dtype=torch.float32).reshape(4, 2)
+        param = torch.nn.Parameter(DTensor.from_local(full.chunk(world_size)[rank].clone(), mesh, [Shard(0)]))
+        param.grad = DTensor.from_local(full.chunk(world_size)[rank].clone(), mesh, [Shard(0)])
+        try:
+            norm = torch.nn.utils.clip_grad_norm_([param], max_norm=1.0)
+            results[rank] = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        except RuntimeError as e:
+            results[rank] = str(e).splitlines()[0]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_process_group_backend_names_a_host_backend_beside_nccl():
+    from gptkit.train.distributed import process_group_backend
+
+    assert process_group_backend("cuda") == "cuda:nccl,cpu:gloo"
+    assert process_group_backend("cpu") == "gloo"
+
+
+@pytest.mark.slow
+def test_clip_grad_norm_on_host_shards_in_the_group_started_for_cuda():
+    """Failed before the fix with "No backend type associated with device type cpu"."""
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(clip_host_shards, args=(2, free_port(), results), nprocs=2, join=True)
+        got = dict(results)
+    expected = float(torch.arange(8, dtype=torch.float32).norm())
+    assert got == {0: pytest.approx(expected), 1: pytest.approx(expected)}
