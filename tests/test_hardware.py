@@ -55,10 +55,10 @@ def test_explicit_bf16_without_native_support_runs_with_a_warning(cpu_flags):
         assert hardware.resolve_precision("bf16", cpu, "training").dtype == torch.bfloat16
     assert caught[0].filename == __file__  # the warning points at the caller that asked for bf16
     assert hardware.resolve_precision("fp32", cpu, "training").dtype == torch.float32
-    expected = "precision must be one of auto, fp32, bf16, float32, bfloat16, got 'fp16'"
+    expected = "precision must be one of auto, fp32, bf16, fp16, float32, bfloat16, float16, got 'fp8'"
     for use in ("training", "decoding", "scoring"):
         with pytest.raises(ValueError, match=expected):
-            hardware.resolve_precision("fp16", cpu, use)
+            hardware.resolve_precision("fp8", cpu, use)
     with pytest.raises(ValueError, match="use must be one of training, decoding, scoring, got 'serving'"):
         hardware.resolve_precision("auto", cpu, "serving")
 
@@ -111,7 +111,11 @@ def test_every_spelling_of_a_format_resolves_alike_and_configs_record_the_short_
 
     cpu = torch.device("cpu")
     for use in ("training", "decoding", "scoring"):
-        for short, long, dtype in (("fp32", "float32", torch.float32), ("bf16", "bfloat16", torch.bfloat16)):
+        for short, long, dtype in (
+            ("fp32", "float32", torch.float32),
+            ("bf16", "bfloat16", torch.bfloat16),
+            ("fp16", "float16", torch.float16),
+        ):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # training's warning for bf16 without native support
                 assert hardware.resolve_precision(short, cpu, use) == hardware.resolve_precision(
@@ -121,6 +125,8 @@ def test_every_spelling_of_a_format_resolves_alike_and_configs_record_the_short_
     assert hardware.resolve_precision("bfloat16", cpu, "scoring").name == "bf16"
     assert TrainConfig(max_steps=1, precision="bfloat16").precision == "bf16"
     assert TrainConfig(max_steps=1, precision="float32").precision == "fp32"
+    assert TrainConfig(max_steps=1, precision="float16").precision == "fp16"
+    assert hardware.resolve_precision("float16", cpu, "decoding").name == "fp16"
     assert TrainConfig(max_steps=1).precision == "auto"
 
 
@@ -134,7 +140,7 @@ def test_every_config_takes_the_one_precision_vocabulary():
     from gptkit.generation.text import InferenceConfig
     from gptkit.train.config import TrainConfig
 
-    expected = ("auto", "fp32", "bf16", "float32", "bfloat16")
+    expected = ("auto", "fp32", "bf16", "fp16", "float32", "bfloat16", "float16")
     for config, name in (
         (TrainConfig, "precision"),
         (DemoConfig, "precision"),
@@ -142,6 +148,76 @@ def test_every_config_takes_the_one_precision_vocabulary():
         (HarnessConfig, "dtype"),
     ):
         assert typing.get_args(typing.get_type_hints(config)[name]) == expected, config.__name__
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """Pretend cuda:0 is a GPU of the given name, compute capability and bf16 support."""
+
+    def set_gpu(name: str, capability: tuple[int, int], bf16: bool):
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16)
+        return torch.device("cuda", 0)
+
+    return set_gpu
+
+
+# (name, compute capability, native bf16) -> what auto trains in, and what it infers in. The
+# capabilities are NVIDIA's; fp16 is fast from Volta's tensor cores on, and on the P100 before them.
+GPUS = [
+    ("NVIDIA H100 80GB HBM3", (9, 0), True, torch.bfloat16, torch.bfloat16),
+    ("NVIDIA A100-SXM4-40GB", (8, 0), True, torch.bfloat16, torch.bfloat16),
+    ("Tesla T4", (7, 5), False, torch.float16, torch.float16),
+    ("Tesla V100-SXM2-16GB", (7, 0), False, torch.float16, torch.float16),
+    ("Tesla P100-PCIE-16GB", (6, 0), False, torch.float16, torch.float16),
+    ("NVIDIA GeForce GTX 1080", (6, 1), False, torch.float32, torch.float32),
+    ("Tesla K80", (3, 7), False, torch.float32, torch.float32),
+]
+
+
+@pytest.mark.parametrize("name, capability, bf16, training, inference", GPUS)
+def test_auto_on_a_cuda_gpu_is_bf16_else_fp16_where_fp16_is_fast(
+    fake_gpu, name, capability, bf16, training, inference
+):
+    gpu = fake_gpu(name, capability, bf16)
+    choice = hardware.resolve_precision("auto", gpu, "training")
+    assert choice.dtype == training and name in choice.reason
+    if training == torch.float16:
+        assert "dynamic loss scaling" in choice.reason
+    for use in ("decoding", "scoring"):
+        assert hardware.resolve_precision("auto", gpu, use).dtype == inference
+    # Asked for explicitly, fp16 runs on every GPU; a warning where it is slow.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert hardware.resolve_precision("fp16", gpu, "training").dtype == torch.float16
+    assert bool(caught) == (inference == torch.float32)
+    choice = hardware.resolve_precision("float16", gpu, "decoding")
+    assert choice.dtype == torch.float16 and choice.reason.startswith("float16, as asked")
+
+
+def test_fp16_on_a_cpu_trains_with_a_warning_and_infers_as_a_storage_format(cpu_flags, monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(torch.cpu, "_is_amx_fp16_supported", lambda: False)
+    for avx512_bf16, auto in ((True, "bf16"), (False, "fp32")):
+        cpu_flags(avx512_bf16=avx512_bf16)
+        assert hardware.resolve_precision("auto", cpu, "training").name == auto  # never fp16 on a CPU
+        with pytest.warns(UserWarning, match=f"no AMX-FP16 .* 4.5x slower .* auto picks {auto} here"):
+            assert hardware.resolve_precision("fp16", cpu, "training").dtype == torch.float16
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # for inference a storage format, whose cost the reason states
+        scoring = hardware.resolve_precision("fp16", cpu, "scoring")
+        assert scoring.dtype == torch.float16 and "whole sequences take a slow path" in scoring.reason
+        assert "slow" not in hardware.resolve_precision("fp16", cpu, "decoding").reason
+    monkeypatch.setattr(torch.cpu, "_is_amx_fp16_supported", lambda: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert (
+            hardware.resolve_precision("fp16", cpu, "training").reason
+            == "fp16, as asked (this CPU has AMX-FP16)"
+        )
+    cpu_flags(avx512_bf16=False)
+    assert hardware.resolve_precision("auto", cpu, "training").name == "fp32"  # AMX-FP16 or not
 
 
 def test_device_auto_and_explicit_devices():

@@ -8,6 +8,13 @@ So ``precision="auto"`` (training) picks bf16 only on such hardware, and ``dtype
 multiplies vectors by matrices, bounded by memory rather than arithmetic, so half-size bf16 weights
 can win even on a CPU without bf16 instructions.
 
+CUDA GPUs without bf16 (the T4 and V100 of free notebook services) have fp16 tensor cores
+instead: there ``auto`` trains in fp16 autocast with dynamic loss scaling (gptkit.train.precision),
+and runs inference in float16. fp16 on a CPU is a storage format and a way to try a GPU's recipe:
+a CPU without AMX-FP16 multiplies fp16 matrices on a slow path (a 256 x 1024 by 1024 x 1024
+product measured 4.5x fp32's time on an AVX-512 CPU with bf16 instructions), so ``auto`` never
+picks it there.
+
 MPS (Apple GPUs) runs in fp32: its bf16 support depends on the macOS version, and it is untested
 here.
 """
@@ -43,6 +50,13 @@ _ONEDNN_BF16_ISAS = {
     "AVX10_2_512",
     "AVX10_2_512_AMX_2",
 }
+# The levels from which oneDNN multiplies fp16 with AMX-FP16.
+_ONEDNN_FP16_ISAS = {"ALL", "DEFAULT", "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX_FP16", "AVX10_2_512_AMX_2"}
+# GPUs that multiply fp16 at least at fp32's rate: tensor cores from Volta (7.0) on, and before them
+# the P100 (6.0) and the Jetsons (5.3, 6.2) at twice fp32's rate. The other Pascal parts (6.1: GTX 10
+# series, P4, P40) run fp16 arithmetic at a 64th of fp32's rate, and Maxwell (5.0, 5.2) has none.
+_FP16_TENSOR_CORES = (7, 0)
+_FAST_FP16_BEFORE_VOLTA = {(5, 3), (6, 0), (6, 2)}
 
 
 @dataclass(frozen=True)
@@ -106,6 +120,26 @@ def bf16_native(device: torch.device) -> Support:
     return Support(False, f"{device.type} runs fp32 in gptkit (bf16 there is untested)")
 
 
+def fp16_native(device: torch.device) -> Support:
+    """Whether ``device`` multiplies fp16 matrices natively (at least at fp32's rate: see
+    ``_FAST_FP16_BEFORE_VOLTA``; AMX-FP16 on a CPU), and why."""
+    if device.type == "cuda":
+        name, capability = torch.cuda.get_device_name(device), tuple(torch.cuda.get_device_capability(device))
+        version = ".".join(map(str, capability))
+        if capability >= _FP16_TENSOR_CORES or capability in _FAST_FP16_BEFORE_VOLTA:
+            return Support(True, f"{name}, of compute capability {version}, computes fp16 natively")
+        return Support(False, f"{name}, of compute capability {version}, has no fast fp16")
+    if device.type == "cpu":
+        info = cpu_capability()
+        if not torch.cpu._is_amx_fp16_supported():
+            return Support(False, f"this CPU ({info['aten_capability']}) has no AMX-FP16 instructions")
+        isa = (info["onednn_max_cpu_isa"] or "ALL").upper()
+        if isa not in _ONEDNN_FP16_ISAS:
+            return Support(False, f"ONEDNN_MAX_CPU_ISA={isa} keeps oneDNN from the CPU's fp16 instructions")
+        return Support(True, "this CPU has AMX-FP16")
+    return Support(False, f"{device.type} runs fp32 in gptkit (fp16 there is untested)")
+
+
 @functools.cache
 def matmul_dtype(device: torch.device) -> torch.dtype:
     """The dtype in which ``device`` multiplies matrices fastest: bf16 where it is native, else fp32."""
@@ -113,10 +147,10 @@ def matmul_dtype(device: torch.device) -> torch.dtype:
 
 
 # One vocabulary of number formats for every command: training's ``precision`` (what the matrix
-# products compute in: bf16 autocast over fp32 weights) and inference's ``dtype`` (what the weights are
-# stored in) both take these; float32 and bfloat16 are the same formats' other names, so that either
-# spelling of a flag keeps working.
-Precision = Literal["auto", "fp32", "bf16", "float32", "bfloat16"]
+# products compute in: bf16 or fp16 autocast over fp32 weights) and inference's ``dtype`` (what the
+# weights are stored in) both take these; float32, bfloat16 and float16 are the same formats' other
+# names, so that either spelling of a flag keeps working.
+Precision = Literal["auto", "fp32", "bf16", "fp16", "float32", "bfloat16", "float16"]
 # What the precision is for: training (autocast), decoding one token at a time, or scoring whole sequences.
 PrecisionUse = Literal["training", "decoding", "scoring"]
 
@@ -125,8 +159,10 @@ _FORMATS = {
     "float32": torch.float32,
     "bf16": torch.bfloat16,
     "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
 }
-_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 class Choice(NamedTuple):
@@ -137,12 +173,12 @@ class Choice(NamedTuple):
 
     @property
     def name(self) -> str:
-        """The format's short name, fp32 or bf16, as run records keep it."""
+        """The format's short name, fp32, bf16 or fp16, as run records keep it."""
         return _NAMES[self.dtype]
 
 
 def canonical_precision(spec: str | None) -> str:
-    """``spec`` in one spelling: auto, fp32 or bf16 (None is auto). Anything else is a ValueError."""
+    """``spec`` in one spelling: auto, fp32, bf16 or fp16 (None is auto). Anything else is a ValueError."""
     name = "auto" if spec is None else spec
     if name == "auto":
         return name
@@ -154,11 +190,14 @@ def canonical_precision(spec: str | None) -> str:
 def resolve_precision(spec: str | None, device: torch.device, use: PrecisionUse) -> Choice:
     """The dtype that ``spec`` (a :data:`Precision`; None is auto) means on ``device`` for ``use``.
 
-    Training: ``auto`` is bf16 autocast where the hardware has it natively, else fp32; an explicit
-    bf16 on hardware without it still runs, with a warning that says what it costs. Inference: ``auto``
-    is bf16 on a CUDA GPU with bf16 and fp32 on MPS; on a CPU, for decoding (one token at a time)
-    whichever a short measurement finds faster, and for scoring whole sequences (perplexity,
-    evaluation) bf16 only where the CPU multiplies it natively.
+    Training: ``auto`` is bf16 autocast where the hardware has it natively, else fp16 autocast (with
+    dynamic loss scaling) on a CUDA GPU with fast fp16, else fp32; an explicit bf16 or fp16 on
+    hardware without it still runs, with a warning that says what it costs. Inference: ``auto`` is
+    bf16 on a CUDA GPU with bf16, float16 on one without it but with fast fp16, and fp32 on MPS; on
+    a CPU, for decoding (one token at a time) whichever of fp32 and bf16 a short measurement finds
+    faster, and for scoring whole sequences (perplexity, evaluation) bf16 only where the CPU
+    multiplies it natively. An explicit float16 is taken anywhere, as a storage format (on a CPU
+    without fp16 instructions its products take PyTorch's slow path; the reason says so).
     """
     if use not in get_args(PrecisionUse):
         raise ValueError(f"use must be one of {', '.join(get_args(PrecisionUse))}, got {use!r}")
@@ -168,22 +207,38 @@ def resolve_precision(spec: str | None, device: torch.device, use: PrecisionUse)
     return _inference_precision(name, device, decoding=use == "decoding")
 
 
+# What a training format costs on hardware without it, for the warning.
+_SLOW_TRAINING = {
+    "bf16": "matrix products take a slow path, measured 30-65x slower than fp32 on such CPUs",
+    "fp16": "matrix products take a slow path, measured 4.5x slower than fp32 on an AVX-512 CPU",
+}
+
+
 def _training_precision(name: str, device: torch.device) -> Choice:
     native = bf16_native(device)
     if name == "auto":
         if native.native:
             return Choice(torch.bfloat16, f"auto: bf16 autocast, since {native.reason}")
+        half = fp16_native(device)
+        if device.type == "cuda" and half.native:
+            reason = f"auto: fp16 autocast with dynamic loss scaling, since {native.reason} and {half.reason}"
+            return Choice(torch.float16, reason)
         return Choice(torch.float32, f"auto: fp32, since {native.reason}")
-    if name == "bf16" and not native.native:
+    support = fp16_native(device) if name == "fp16" else native
+    if name in _SLOW_TRAINING and not support.native:
         warnings.warn(
-            f"--precision bf16 on hardware without native bf16 ({native.reason}): matrix products take a "
-            "slow path, measured 30-65x slower than fp32 on such CPUs; --precision auto picks fp32 here",
+            f"--precision {name} on hardware without native {name} ({support.reason}): "
+            f"{_SLOW_TRAINING[name]}; --precision auto picks {_training_precision('auto', device).name} here",
             stacklevel=3,
         )
-    return Choice(_FORMATS[name], f"{name}, as asked ({native.reason})")
+    return Choice(_FORMATS[name], f"{name}, as asked ({support.reason})")
 
 
 def _inference_precision(name: str, device: torch.device, decoding: bool) -> Choice:
+    if name == "fp16" and not fp16_native(device).native:
+        # Decoding's matrix-vector products are bound by memory, where half-size weights help anyway.
+        cost = "" if decoding else ": products over whole sequences take a slow path"
+        return Choice(torch.float16, f"float16, as asked ({fp16_native(device).reason}{cost})")
     if name != "auto":
         return Choice(_FORMATS[name], f"{_long_name(_FORMATS[name])}, as asked")
     if device.type == "cpu" and decoding:
@@ -193,6 +248,9 @@ def _inference_precision(name: str, device: torch.device, decoding: bool) -> Cho
     native = bf16_native(device)
     if native.native:
         return Choice(torch.bfloat16, f"auto: bfloat16, since {native.reason}")
+    half = fp16_native(device)
+    if device.type == "cuda" and half.native:
+        return Choice(torch.float16, f"auto: float16, since {native.reason} and {half.reason}")
     return Choice(torch.float32, f"auto: float32, since {native.reason}")
 
 

@@ -71,7 +71,9 @@ class TrainConfig:
         default="auto",
         metadata={
             "help": "auto: bf16 autocast where the hardware computes bf16 natively (CUDA with bf16, a CPU "
-            "with AVX512-BF16 or AMX), else fp32 (float32 and bfloat16 are the same formats' other names)."
+            "with AVX512-BF16 or AMX), else fp16 autocast with dynamic loss scaling on a CUDA GPU with fast "
+            "fp16 (T4, V100, P100), else fp32. fp16 on a CPU runs, slowly, to try a GPU's recipe "
+            "(float32, bfloat16 and float16 are the same formats' other names)."
         },
     )
     time_budget: str | None = field(
@@ -134,7 +136,7 @@ class TrainConfig:
         def fail(name: str, problem: str) -> None:
             raise config_error(self, name, problem)
 
-        self.precision = canonical_precision(self.precision)  # recorded as auto, fp32 or bf16
+        self.precision = canonical_precision(self.precision)  # recorded as auto, fp32, bf16 or fp16
 
         for name in ("max_steps", "micro_batch_size", "checkpoint_every"):
             value = getattr(self, name)
