@@ -173,3 +173,112 @@ def test_a_node_killed_whole_and_started_again_with_resume_rejoins_and_the_run_e
                 os.killpg(process.pid, signal.SIGKILL)
     assert step < STEPS and last_step(out) == STEPS
     assert_same_weights(uninterrupted, out)
+
+
+def test_sigterm_to_torchrun_checkpoints_every_process_and_resume_ends_as_if_never_stopped(
+    shards, uninterrupted, tmp_path
+):
+    """What a scheduler does at pre-emption or at the early warning of docs/operations.md's SLURM
+    recipe: SIGTERM to the torchrun agent, which sends it on to its workers. Both finish the
+    update in flight, agree on the step, save one checkpoint and exit 143; torchrun again with
+    --resume ends on the weights of a run never stopped."""
+    out = tmp_path / "run"
+    agent = subprocess.Popen(
+        torchrun("--standalone", "--nproc_per_node=2", *pretrain_args(shards, out)),
+        cwd=REPO, env=ENV, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for_checkpoint(out, agent)
+        agent.send_signal(signal.SIGTERM)
+        _, stderr = agent.communicate(timeout=120)
+    finally:
+        agent.kill()
+    assert agent.returncode != 0
+    stopped_at = json.loads((out / "checkpoints" / "latest.json").read_text())["step"]
+    assert 0 < stopped_at < STEPS, stderr[-3000:]
+    # Each worker stopped by the signal, after saving: none was killed by torchrun's shutdown timeout.
+    assert stderr.count(f"interrupted at step {stopped_at} (SIGTERM)") == 2, stderr[-3000:]
+    assert "exitcode: -9" not in stderr, stderr[-3000:]
+    resumed = subprocess.run(
+        torchrun("--standalone", "--nproc_per_node=2", *pretrain_args(shards, out), "--resume"),
+        cwd=REPO, env=ENV, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert last_step(out) == STEPS
+    assert_same_weights(uninterrupted, out)
+
+
+def slurm_recipe(shards: Path, out: Path) -> str:
+    """docs/operations.md's SLURM batch script, on 2 processes of this machine with the tests' run."""
+    text = (REPO / "docs" / "operations.md").read_text()
+    script = text[text.index("#!/bin/bash") :]
+    script = script[: script.index("```")]
+    documented = "--data /shared/shards --out /shared/runs/pre --checkpoint-every 500"
+    assert documented in script and "--nproc_per_node=8" in script
+    ours = " ".join(pretrain_args(shards, out)[3:])  # after "-m gptkit pretrain"
+    return script.replace(documented, ours).replace("--nproc_per_node=8", "--nproc_per_node=2")
+
+
+def slurm_commands(folder: Path) -> Path:
+    """``srun`` that runs its command, ``scontrol`` that names this machine and records requeues."""
+    folder.mkdir()
+    (folder / "srun").write_text('#!/bin/bash\nexec "$@"\n')
+    (folder / "scontrol").write_text(
+        '#!/bin/bash\ncase "$1" in show) echo 127.0.0.1 ;; *) echo "$@" >> "$SCONTROL_LOG" ;; esac\n'
+    )
+    for command in ("srun", "scontrol"):
+        (folder / command).chmod(0o755)
+    return folder
+
+
+def port_for_job() -> tuple[int, int]:
+    """A job id whose port in the recipe (20000 + id mod 20000) is free here."""
+    import socket
+
+    for port in range(21000 + os.getpid() % 15000, 40000):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port - 20000, port
+    raise AssertionError("no free port in 21000-40000")
+
+
+def test_the_documented_slurm_recipe_checkpoints_at_its_early_warning_requeues_and_resumes(
+    shards, uninterrupted, tmp_path
+):
+    """The batch script of docs/operations.md as SLURM runs it, with stand-ins for srun and
+    scontrol: the early warning (SIGUSR1 to the script) checkpoints both processes and requeues the
+    job; the requeued start (SLURM_RESTART_COUNT=1) resumes and ends on the weights of a run never
+    stopped, without requeueing again."""
+    out, log = tmp_path / "run", tmp_path / "scontrol.log"
+    script = tmp_path / "job.sh"
+    script.write_text(slurm_recipe(shards, out))
+    job_id, _ = port_for_job()
+    env = {
+        **ENV,
+        "PATH": f"{slurm_commands(tmp_path / 'bin')}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": str(job_id), "SLURM_JOB_NODELIST": "localhost", "SLURM_NNODES": "1",
+        "SLURM_CPUS_PER_TASK": "1", "SCONTROL_LOG": str(log),
+    }  # fmt: skip
+    first = subprocess.Popen(["bash", str(script)], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_checkpoint(out, first)
+        first.send_signal(signal.SIGUSR1)  # what --signal=B:USR1@600 sends, to the script alone
+        _, stderr = first.communicate(timeout=180)
+    finally:
+        first.kill()
+    assert first.returncode == 0, stderr[-3000:]
+    assert log.read_text().split() == ["requeue", str(job_id)]
+    stopped_at = json.loads((out / "checkpoints" / "latest.json").read_text())["step"]
+    assert 0 < stopped_at < STEPS
+    assert stderr.count(f"interrupted at step {stopped_at} (SIGTERM)") == 2, stderr[-3000:]
+    again = subprocess.run(
+        ["bash", str(script)], cwd=REPO, env={**env, "SLURM_RESTART_COUNT": "1"},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert log.read_text().split() == ["requeue", str(job_id)]  # not requeued again
+    assert last_step(out) == STEPS
+    assert_same_weights(uninterrupted, out)
