@@ -231,3 +231,37 @@ def test_the_sampling_sweep_stops_on_time_with_every_setting_on_the_same_passage
     # What the first passage alone gives: each setting measured on it, its draws as if run alone.
     assert out_of_time == sweep(model, passages[:1], **settings)
     assert sweep(model, passages, **settings, seconds=3600.0) == sweep(model, passages, **settings)
+
+
+def test_both_sides_of_a_seed_start_from_one_head_and_see_the_same_examples(data_dir, tmp_path):
+    """A pre-trained and a random transformer fine-tuned with one seed start from the same W_y (drawn
+    after the transformer, whatever building it drew) and take the same batches: what differs
+    between the sides is the transformer's weights alone."""
+    import torch
+
+    from gptkit import GPT, GPTConfig
+    from gptkit.model.task import TaskModel
+    from gptkit.tokenizer import Tokenizer
+    from gptkit.train.finetune import FinetuneConfig, finetune, paper_finetuning
+    from gptkit.train.run import ModelShape
+
+    tokenizer = Tokenizer.from_pretrained(data_dir / "gpt2_bpe")
+    torch.manual_seed(0)
+    config = GPTConfig.from_preset("tiny", vocab_size=len(tokenizer), dropout=0.0)
+    GPT(config).save_pretrained(tmp_path / "pre")
+    tokenizer.save_pretrained(tmp_path / "pre")
+    heads = {}
+    for side, random_init in (("pretrained", False), ("from_scratch", True)):
+        run = tmp_path / side
+        training = dataclasses.replace(paper_finetuning(), lr=1e-12, max_steps=2, batch_size=4, seed=7)
+        finetune(
+            FinetuneConfig(
+                model=ModelShape(init=str(tmp_path / "pre"), random_init=random_init),
+                dataset="sst2", data_dir=str(data_dir), out=str(run), max_train_examples=16,
+                max_eval_examples=4, device="cpu", training=training,
+            )
+        )  # fmt: skip
+        heads[side] = TaskModel.from_pretrained(run, device="cpu").head.weight.detach().float()
+    assert not torch.equal(heads["pretrained"], torch.zeros_like(heads["pretrained"]))
+    # A learning rate of 1e-12 leaves each head where it started.
+    torch.testing.assert_close(heads["pretrained"], heads["from_scratch"], atol=1e-6, rtol=0)

@@ -438,6 +438,7 @@ def _finetune(
     if ctx.is_main and (skipped_train or skipped_dev):
         print(f"skipped bad rows: {skipped_train} in train, {skipped_dev} in dev")
 
+    torch.manual_seed(train.seed)  # W_y from the seed alone: pre-trained and random sides share it
     model = TaskModel(gpt, spec, config.clf_dropout, config.lm_coef, tokenizer).to(ctx.device)
     torch.manual_seed(train.seed + ctx.rank)
     batches = ExampleBatches(
