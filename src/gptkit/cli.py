@@ -558,6 +558,7 @@ def _commands() -> list[Command]:
     from gptkit.serve.config import ServeConfig
     from gptkit.tokenizer.base import TokenizeConfig
     from gptkit.tokenizer.train import TokenizerTrainConfig
+    from gptkit.train.checkpoint_export import CheckpointExportConfig, cmd_checkpoint_export
     from gptkit.train.estimate import FinetuneEstimateConfig, PretrainEstimateConfig
     from gptkit.train.finetune import FinetuneConfig
     from gptkit.train.pretrain import PretrainConfig
@@ -585,6 +586,7 @@ def _commands() -> list[Command]:
             config_file=True,
             summary="Fine-tune on a labelled task (L3 = L2 + λ·L1), with the paper's defaults.",
         ),
+        Command("checkpoint export", (CheckpointExportConfig,), cmd_checkpoint_export),
         Command("estimate pretrain", (PretrainEstimateConfig,), cmd_estimate, config_file=True),
         Command("estimate finetune", (FinetuneEstimateConfig,), cmd_estimate, config_file=True),
         Command("evaluate", (LabelledDataConfig,), cmd_evaluate),
@@ -613,6 +615,7 @@ _GROUPS = {
     "tokenizer": "Tokenizer tools.",
     "data": "Sample datasets.",
     "analyze": "Analyses of a model.",
+    "checkpoint": "Training checkpoints.",
     "estimate": "Memory per device of a training run, simulated on fake tensors (no data, no GPU).",
     "figure2": "The paper's Figure 2: transferred layers (left), zero-shot during pre-training (right).",
 }

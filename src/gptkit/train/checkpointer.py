@@ -4,6 +4,12 @@ Each checkpoint is a ``step-NNNNNNN/`` folder of the run directory (see :mod:`gp
 the model's files and ``train_state.pt`` (optimizer moments, step, data position, every process's
 RNG, the time budget's plan), written under a temporary name and renamed when complete, then named
 in ``latest.json``. A ``kill -9`` thus loses at most the updates since the last checkpoint.
+
+Under FSDP2, a stage that says how to describe its model (:attr:`Checkpointer.describe_model`)
+gets sharded checkpoints instead (:mod:`gptkit.train.sharded_checkpoint`): each process writes
+its own shards of the model and the moments, rank 0 the model's ``config.json`` and the rest of
+``train_state.pt``; nothing is gathered, and another number of processes can resume them. DDP and
+one process write the model whole, as the other commands read it.
 """
 
 from __future__ import annotations
@@ -22,8 +28,10 @@ import torch.nn as nn
 from gptkit.io import file_sha256, read_json, read_json_object, read_train_state, write_json
 from gptkit.train.distributed import DistributedContext, full_state_dicts, load_full_state_dicts
 from gptkit.train.rundir import LATEST, TRAIN_STATE, RunDir
+from gptkit.train.sharded_checkpoint import SHARDED_FORMAT, is_sharded_model, load_shards, save_shards
 
 SaveModel = Callable[[Path, dict[str, torch.Tensor]], None]
+DescribeModel = Callable[[Path], None]  # writes the files that say what the model is (config.json)
 
 
 class CheckpointWriteError(OSError):
@@ -48,6 +56,9 @@ class Checkpointer:
         self, run_dir: RunDir, save_model: SaveModel, config: CheckpointConfig, ctx: DistributedContext
     ):
         self.run_dir, self.save_model, self.config, self.ctx = run_dir, save_model, config, ctx
+        # Set by a stage whose model can be exported from shards (pre-training): under FSDP2 its
+        # checkpoints are then sharded. None: every checkpoint holds the model whole.
+        self.describe_model: DescribeModel | None = None
 
     def due(self, step: int) -> bool:
         return bool(self.config.every) and step % self.config.every == 0
@@ -56,38 +67,69 @@ class Checkpointer:
         self, step: int, model: nn.Module, optimizers: list[torch.optim.Optimizer], state: dict[str, Any]
     ) -> Path:
         """Write ``step``'s checkpoint: the model, the optimizers and ``state`` (the data position,
-        tokens seen, the plan: plain values). Every process takes part (FSDP gathers shards)."""
-        model_state, optim_state = full_state_dicts(model, optimizers, self.ctx)
+        tokens seen, the plan: plain values). Every process takes part (FSDP gathers shards, or
+        each process writes its own)."""
         rng_states = self.ctx.all_gather_object(rng_state())
+        train_state = {"step": step, "rng": rng_states, "world_size": self.ctx.world_size, **state}
+        if isinstance(train_state.get("plan"), dict):  # JSON text: the file holds tensors, plain values
+            train_state["plan"] = json.dumps(train_state["plan"])
         final = self.run_dir.checkpoint(step)
+        if self.describe_model is not None and is_sharded_model(model):
+            self._save_sharded(final, model, optimizers, train_state)
+        else:
+            model_state, optim_state = full_state_dicts(model, optimizers, self.ctx)
+            if self.ctx.is_main:
+
+                def write(staging: Path) -> None:
+                    self.save_model(staging, model_state)
+                    torch.save({**train_state, "optimizer": optim_state}, staging / TRAIN_STATE)
+                    write_manifest(staging)  # last: a checkpoint with a manifest is complete
+
+                self._staged(final, write)
         if self.ctx.is_main:
-            train_state = {
-                "step": step,
-                "optimizer": optim_state,
-                "rng": rng_states,
-                "world_size": self.ctx.world_size,
-                **state,
-            }
-            if isinstance(train_state.get("plan"), dict):  # JSON text: the file holds tensors, plain values
-                train_state["plan"] = json.dumps(train_state["plan"])
-            staging = self.run_dir.staging(final)
-            try:
-                shutil.rmtree(staging, ignore_errors=True)
-                staging.mkdir(parents=True)
-                self.save_model(staging, model_state)
-                torch.save(train_state, staging / TRAIN_STATE)
-                write_manifest(staging)  # last: a checkpoint with a manifest is complete
-            except BaseException as e:
-                shutil.rmtree(staging, ignore_errors=True)  # no half-written debris, whatever stopped it
-                if not isinstance(e, Exception):  # Ctrl-C and the like stay what they are
-                    raise
-                raise self._write_failure(final, e) from e
             shutil.rmtree(final, ignore_errors=True)
-            staging.rename(final)
+            self.run_dir.staging(final).rename(final)
             write_json(self.run_dir.latest_pointer, {"step": step, "path": final.name})
             self.prune()
         self.ctx.barrier()
         return final
+
+    def _save_sharded(
+        self, final: Path, model: nn.Module, optimizers: list[torch.optim.Optimizer], train_state: dict
+    ) -> None:
+        """Every process writes its shards into the staging folder; then rank 0 the model's
+        description, the training state (its moments are in the shards) and the manifest."""
+        staging = self.run_dir.staging(final)
+        if self.ctx.is_main:
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+        self.ctx.barrier()  # the folder exists, empty, before anyone writes into it
+
+        def write(staging: Path) -> None:
+            entries = save_shards(staging, model, optimizers, self.ctx)
+            if self.ctx.is_main:
+                assert self.describe_model is not None
+                self.describe_model(staging)
+                torch.save({**train_state, "optimizer": {}, "format": SHARDED_FORMAT}, staging / TRAIN_STATE)
+                write_manifest(staging, entries)
+
+        self._staged(final, write, fresh=False)
+
+    def _staged(self, final: Path, write: Callable[[Path], None], fresh: bool = True) -> None:
+        """Run ``write`` into ``final``'s staging folder (made afresh unless ``fresh`` is False);
+        a failure leaves no debris and is one line naming the folder and the free space."""
+        staging = self.run_dir.staging(final)
+        try:
+            if fresh:
+                shutil.rmtree(staging, ignore_errors=True)
+                staging.mkdir(parents=True)
+            write(staging)
+        except BaseException as e:
+            if self.ctx.is_main:
+                shutil.rmtree(staging, ignore_errors=True)  # no half-written debris, whatever stopped it
+            if not isinstance(e, Exception):  # Ctrl-C and the like stay what they are
+                raise
+            raise self._write_failure(final, e) from e
 
     def _write_failure(self, final: Path, error: Exception) -> CheckpointWriteError:
         """One line: what failed, where, how much room a checkpoint takes and how much is free, and
@@ -116,7 +158,8 @@ class Checkpointer:
 
     def latest(self) -> Path | None:
         """The newest checkpoint that is whole: the one ``latest.json`` names if its files match its
-        manifest, else the newest older one that does (with a warning naming what was skipped)."""
+        manifest, else the newest older one that does (with a warning naming what was skipped).
+        Every process calls it (they share the hashing) and gets the same answer."""
         candidates = self.run_dir.completed_checkpoints()[::-1]
         skipped = []
         try:
@@ -129,7 +172,10 @@ class Checkpointer:
         elif self.run_dir.latest_pointer.exists() and not skipped:  # it names a folder without its state
             skipped.append(f"{read_json(self.run_dir.latest_pointer).get('path')} (no {TRAIN_STATE})")
         for checkpoint in candidates:
-            problem = verify_manifest(checkpoint)
+            # Each process hashes its share of the files: a sharded checkpoint's are many and large.
+            share = (self.ctx.rank, self.ctx.world_size)
+            problems = self.ctx.all_gather_object(verify_manifest(checkpoint, share))
+            problem = next((p for p in problems if p is not None), None)
             if problem is None:
                 if skipped:
                     warnings.warn(
@@ -159,7 +205,10 @@ class Checkpointer:
         """Put ``checkpoint``'s weights and moments into ``model`` and ``optimizers``; return the
         rest of its state (step, data position, RNG for this process or None, the plan as a dict)."""
         state = read_train_state(checkpoint / TRAIN_STATE)
-        load_full_state_dicts(model, optimizers, load_model_state(checkpoint), state["optimizer"])
+        if state.get("format") == SHARDED_FORMAT:  # resharded to this run's processes as it is read
+            load_shards(checkpoint, model, optimizers)
+        else:
+            load_full_state_dicts(model, optimizers, load_model_state(checkpoint), state["optimizer"])
         state["plan"] = json.loads(state.get("plan", "{}"))
         rng = state["rng"]
         state["rng"] = rng[self.ctx.rank] if len(rng) == self.ctx.world_size else None
@@ -183,19 +232,22 @@ def set_rng_state(state: dict[str, torch.Tensor]) -> None:
 MANIFEST = "manifest.json"
 
 
-def write_manifest(directory: Path) -> None:
-    """Every file of a checkpoint with its size and sha256, written last."""
+def write_manifest(directory: Path, known: dict[str, dict] | None = None) -> None:
+    """Every file of a checkpoint with its size and sha256, written last; ``known`` gives files
+    already hashed (by the process that wrote them)."""
+    known = known or {}
     files = {
-        path.name: {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+        path.name: known.get(path.name) or {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
         for path in sorted(directory.iterdir())
         if path.is_file() and path.name != MANIFEST
     }
     write_json(directory / MANIFEST, {"files": files})
 
 
-def verify_manifest(directory: Path) -> str | None:
-    """None if the checkpoint's files match its manifest, else what is wrong. A checkpoint written
-    before manifests existed passes when its training state is there."""
+def verify_manifest(directory: Path, share: tuple[int, int] = (0, 1)) -> str | None:
+    """None if the checkpoint's files match its manifest, else what is wrong. Every file's size is
+    checked, and the checksums of the ``share`` = (index, count)'th part of them. A checkpoint
+    written before manifests existed passes when its training state is there."""
     manifest = directory / MANIFEST
     if not (directory / TRAIN_STATE).is_file():
         return f"no {TRAIN_STATE}"
@@ -214,13 +266,14 @@ def verify_manifest(directory: Path) -> str | None:
         for name, entry in files.items()
     ):
         return f"unreadable {MANIFEST}: 'files' is not an object of {{name: {{bytes, sha256}}}}"
-    for name, expected in files.items():
+    index, count = share
+    for i, (name, expected) in enumerate(sorted(files.items())):
         path = directory / name
         if not path.is_file():
             return f"{name} missing"
         size = path.stat().st_size
         if size != expected["bytes"]:
             return f"{name} has {size} bytes, not {expected['bytes']}"
-        if file_sha256(path) != expected["sha256"]:
+        if i % count == index and file_sha256(path) != expected["sha256"]:
             return f"{name} does not match its checksum"
     return None

@@ -16,9 +16,10 @@ from gptkit.config import config_error
 from gptkit.data.shards import TokenShard, check_shard_tokenizer
 from gptkit.data.windows import WindowSampler, eval_windows
 from gptkit.hardware import DEVICE_HELP
-from gptkit.io import atomic_write
-from gptkit.model.weights import CONFIG_NAME, SAFETENSORS_NAME, read_state_dict, save_state_dict
+from gptkit.io import atomic_write, write_json
+from gptkit.model.weights import CONFIG_NAME, SAFETENSORS_NAME, config_to_hf, read_state_dict, save_state_dict
 from gptkit.tokenizer import Tokenizer
+from gptkit.train.checkpoint_export import write_model_files
 from gptkit.train.config import TrainConfig
 from gptkit.train.distributed import wrap_model
 from gptkit.train.loop import Trainer
@@ -72,9 +73,13 @@ def make_evaluator(shard: TokenShard, context_length: int, max_windows: int, mic
 
 
 def export_latest(trainer: Trainer) -> None:
-    """Copy the newest checkpoint's model files to the run directory's top level."""
+    """Copy the newest checkpoint's model files to the run directory's top level (from a sharded
+    checkpoint, rank 0 reads the model's shards alone)."""
     latest = trainer.run_dir.latest_checkpoint()  # just written by this run: no need to verify it
     if latest is None or not trainer.ctx.is_main:
+        return
+    if not (latest / SAFETENSORS_NAME).exists():  # sharded (FSDP2): one model file, made from shards
+        write_model_files(latest, trainer.out_dir)
         return
     for name in (SAFETENSORS_NAME, CONFIG_NAME):
         # Through a temporary file, removed if the copy fails (a full disk leaves no debris).
@@ -118,6 +123,10 @@ def pretrain(config: PretrainConfig) -> dict[str, float]:
                 "pretrain", config, train, model_config, data=meta, world_size=ctx.world_size
             ),
         )
+        if train.fsdp:  # sharded checkpoints: the shards, and the config that says what they make
+            trainer.checkpointer.describe_model = lambda d: write_json(
+                d / CONFIG_NAME, config_to_hf(model_config)
+            )
         if ctx.is_main:
             tokenizer.save_pretrained(out_dir)
         if resuming(config.resume, out_dir):  # --resume, or a worker group torchrun restarted
