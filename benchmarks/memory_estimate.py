@@ -4,7 +4,7 @@ measured when the same update runs on real tensors on this CPU.
 Grid: GPT-2 small and medium shapes × {pretrain, fine-tune every weight, LoRA rank 8} × {no
 activation checkpointing, full}; fp32, AdamW, one device. The estimate is `gptkit estimate ...
 --target cpu` (this CPU's attention paths). The measurement runs in a fresh process: the same model
-and Trainer step (gptkit.train.estimate.build_trainer) on real tensors, two updates; its peak is
+and Trainer step (gptkit.train.simulation.build_trainer) on real tensors, two updates; its peak is
 taken above what the process held before the model was built, so it counts the parameters as the
 estimate does. Two peaks are measured: of the bytes malloc has handed out and not had back
 (glibc's mallinfo2, sampled every 2 ms: every allocation, torch's or not), the one compared; and of the resident set (VmHWM), recorded beside it, which also holds the freed memory
@@ -117,7 +117,7 @@ def measure(shape: str, stage: str, checkpointing: str, batch: int = BATCH) -> d
     import torch
 
     from gptkit.train.distributed import DistributedContext
-    from gptkit.train.estimate import build_trainer, held_states
+    from gptkit.train.simulation import build_trainer, held_states
 
     sim = simulation(shape, stage, checkpointing, batch)
     torch.manual_seed(0)

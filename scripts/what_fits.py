@@ -19,21 +19,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from types import SimpleNamespace
 
 from gptkit.config import GPTConfig
 from gptkit.train.config import TrainConfig
 from gptkit.train.estimate import (
     PUBLISHED,
-    USABLE_FRACTION,
     EstimateOptions,
     FinetuneEstimateConfig,
     PretrainEstimateConfig,
     finetune_simulation,
+    largest_batch,
     pretrain_simulation,
-    simulate,
 )
 from gptkit.train.finetune import FinetuneConfig, LoRAConfig
 from gptkit.train.run import ModelShape
+from gptkit.train.simulation import simulate
 
 GIB = 2**30
 SINGLE = (16, 24, 40, 80)  # one GPU, GiB
@@ -59,47 +60,43 @@ def simulation(model: str, stage: str, checkpointing: str, devices: int, fsdp: b
 class PeakCurve:
     """The simulated peak as a function of the per-device batch b: at least the peak at one sequence
     (more sequences never need less), and the backward pass's, which grows linearly with b once the
-    activations set it (they are per sequence), so two such batches give the line. A batch the line
-    puts below 16, where the line is extrapolated, is found by bisection on the simulated step."""
+    activations set it (they are per sequence), so two such batches give the line. Below 16
+    sequences every peak is simulated; above, the line stands in for the simulation."""
 
-    def __init__(self, sim):
-        self.sim, self.runs = sim, {}
-        self.at_one = self.peak(1)
+    def __init__(self, sim, extra: int = 0, runs: dict | None = None):
+        self.sim, self.extra = sim, extra
+        self.runs = {} if runs is None else runs  # batch -> simulated Estimate, shareable
+        self.at_one = self.simulated(1)
         batch = 8
-        while self.run(batch).by_category["activations"] == 0:
+        while self.simulated(batch).by_category["activations"] == 0:
             batch *= 4  # the optimizer step still sets the peak: go where the activations do
-        low, high = self.peak(batch), self.peak(2 * batch)
+        low, high = self.simulated(batch).peak_bytes, self.simulated(2 * batch).peak_bytes
         self.per_sequence = (high - low) / batch
         self.fixed = low - self.per_sequence * batch
 
-    def run(self, batch: int):
+    def simulated(self, batch: int):
         if batch not in self.runs:
             self.runs[batch] = simulate(self.sim, batch)
         return self.runs[batch]
 
-    def peak(self, batch: int) -> int:
-        return self.run(batch).peak_bytes
+    def run(self, sim, batch: int):
+        """``simulate``'s peak (plus ``extra`` bytes), from the line above 16 sequences."""
+        if batch <= 16:
+            peak = self.simulated(batch).peak_bytes
+        else:
+            peak = max(self.at_one.peak_bytes, int(self.fixed + self.per_sequence * batch))
+        return SimpleNamespace(batch_size=batch, peak_bytes=peak + self.extra)
 
-    def largest(self, gib: int, extra: int = 0) -> int:
-        """The largest batch whose peak (plus ``extra`` bytes) fits 90% of ``gib``."""
-        usable = gib * GIB * USABLE_FRACTION - extra
-        if self.at_one > usable:
-            return 0
-        guess = int((usable - self.fixed) // self.per_sequence)
-        if guess >= 16:
-            return guess
-        low, high = 1, 16  # fits, does not (or is where the line takes over)
-        while high - low > 1:
-            middle = (low + high) // 2
-            low, high = (middle, high) if self.peak(middle) <= usable else (low, middle)
-        return low
+    def largest(self, gib: int) -> int:
+        """The largest batch whose peak fits 90% of ``gib`` GiB (gptkit.train.estimate's search)."""
+        return largest_batch(self.sim, gib * GIB, self.run(self.sim, 1), run=self.run)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(NAMES))
     models = parser.parse_args().models.split(",")
-    header = [f"1 × {g} GB" for g in SINGLE] + [f"8 × {CLUSTER} GB DDP", f"8 × {CLUSTER} GB FSDP2"]
+    header = [f"1 × {g} GiB" for g in SINGLE] + [f"8 × {CLUSTER} GiB DDP", f"8 × {CLUSTER} GiB FSDP2"]
     print("| model | training | checkpointing | " + " | ".join(header) + " |")
     print("|---|---|---|" + "---|" * len(header))
     records = []
@@ -109,10 +106,11 @@ def main() -> None:
             for checkpointing in ("none", "full"):
                 alone = simulation(model, stage, checkpointing, 1, False)
                 single = PeakCurve(alone)
-                buckets = simulate(alone, 1).states["gradients"]  # DDP's: one copy of the gradients
+                buckets = single.at_one.states["gradients"]  # DDP's: one copy of the gradients
+                replicated = PeakCurve(alone, extra=buckets, runs=single.runs)  # DDP: buckets added
                 sharded = PeakCurve(simulation(model, stage, checkpointing, 8, True))
                 cells = [single.largest(g) for g in SINGLE]
-                cells += [single.largest(CLUSTER, buckets), sharded.largest(CLUSTER)]
+                cells += [replicated.largest(CLUSTER), sharded.largest(CLUSTER)]
                 shown = [f"{b} × {length}" if b else "—" for b in cells]
                 stage_name = {"finetune": "fine-tune", "lora": "LoRA r=8", "pretrain": "pre-train"}[stage]
                 print(

@@ -3,33 +3,38 @@ tensors, what checkpointing and sharding change, the largest batch, the command.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import tempfile
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.distributed._tools.mem_tracker import MemTracker
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from gptkit.cli import main
 from gptkit.config import GPTConfig
 from gptkit.train.config import TrainConfig
+from gptkit.train.cuda_autocast import cuda_autocast_rules
 from gptkit.train.estimate import (
     EstimateOptions,
     FinetuneEstimateConfig,
     PretrainEstimateConfig,
-    build_trainer,
     estimate,
     estimate_finetune,
     estimate_pretrain,
     model_config,
     parse_size,
     pretrain_simulation,
-    simulate,
-    simulated_ranks,
 )
 from gptkit.train.finetune import FinetuneConfig, LoRAConfig
+from gptkit.train.loop import Trainer
 from gptkit.train.run import ModelShape
+from gptkit.train.simulation import build_trainer, simulate, simulated_ranks
+from gptkit.train.torch_internals import fake_tensor_mode
 
 # 2 layers, d 32, 4 heads, vocabulary 512, context 64 (the "tiny" preset's, with 4 heads).
 D, LAYERS, VOCAB, CONTEXT = 32, 2, 512, 64
@@ -181,3 +186,114 @@ def test_gpt2_xl_on_8_devices_with_fsdp():
     result = estimate_pretrain(config)
     assert result.by_category["parameters"] == pytest.approx(1.5576e9 * 4 / 8, rel=0.03)
     assert result.by_category["optimizer_state"] == pytest.approx(2 * 1.5576e9 * 4 / 8, rel=0.03)
+
+
+class _OpDtypes(TorchDispatchMode):
+    """The input dtypes of every operation on CPU tensors (CUDA's fake mirrors are not the step's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: dict[str, set[tuple[torch.dtype, ...]]] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        tensors = [a for a in tree_flatten((args, kwargs or {}))[0] if isinstance(a, torch.Tensor)]
+        if tensors and all(t.device.type == "cpu" for t in tensors):
+            self.seen.setdefault(func.__name__, set()).add(tuple(t.dtype for t in tensors))
+        return func(*args, **(kwargs or {}))
+
+
+def test_gpu_target_follows_cuda_autocast(monkeypatch):
+    """FSDP2's bf16 parameters make the residual stream bf16, and the simulated update's operations
+    then take the dtypes CUDA autocast gives them (PyTorch's AMP documentation, "CUDA Ops that can
+    autocast to float32 / float16"): LayerNorm in fp32, its input, weight and bias cast up (CPU
+    autocast leaves it in bf16); the matrix products and attention in bf16."""
+    recorder = _OpDtypes()
+    compute_gradients = Trainer.compute_gradients
+
+    def recorded(self, batch):
+        with recorder:
+            return compute_gradients(self, batch)
+
+    monkeypatch.setattr(Trainer, "compute_gradients", recorded)
+    shape = ModelShape(preset="gpt2", n_layer=2, n_head=4, d_model=D, context_length=CONTEXT)
+    training = TrainConfig(batch_size=16, precision="bf16", fsdp=True)
+    simulate(pretrain_simulation(PretrainEstimateConfig(shape, training, EstimateOptions(devices=8))), 2)
+    seen = recorder.seen
+    assert seen["native_layer_norm.default"] == {(torch.float32,) * 3}
+    for product in ("addmm.default", "mm.default"):
+        assert {dtype for dtypes in seen[product] for dtype in dtypes} == {torch.bfloat16}, product
+    attention = [name for name in seen if name.startswith("_scaled_dot_product") and "backward" not in name]
+    assert attention and all(seen[name] == {(torch.bfloat16,) * 3} for name in attention)
+
+
+# PyTorch's AMP documentation, "CUDA Ops that can autocast to float32" and "... to float16" (the
+# lower precision): a few of each, called with inputs of the other precision.
+CUDA_FP32 = {
+    "layer_norm": lambda x: F.layer_norm(x, (D,), x.new_ones(D), x.new_zeros(D)),
+    "softmax": lambda x: F.softmax(x, -1),
+    "log_softmax": lambda x: F.log_softmax(x, -1),
+    "nll_loss": lambda x: F.nll_loss(x, torch.zeros(x.size(0), dtype=torch.long)),
+    "exp": torch.exp,
+}
+CUDA_LOWER = {
+    "linear": lambda x: F.linear(x, x),
+    "mm": lambda x: x @ x.t(),
+    "bmm": lambda x: torch.bmm(x[None], x[None]),
+    "addmm": lambda x: torch.addmm(x, x, x),
+    "scaled_dot_product_attention": lambda x: F.scaled_dot_product_attention(x[None], x[None], x[None]),
+}
+
+
+@pytest.mark.parametrize("lower", [torch.bfloat16, torch.float16])
+def test_cuda_autocast_rules_on_cpu_tensors(lower):
+    """Under the rules, CPU autocast gives each operation CUDA autocast's dtype; without them,
+    CPU autocast's own (LayerNorm and softmax stay in the lower precision on a CPU)."""
+    with fake_tensor_mode():
+        low, full = torch.randn(D, D, dtype=lower), torch.randn(D, D)
+        with torch.autocast("cpu", dtype=lower):
+            cpu = {name: op(low).dtype for name, op in CUDA_FP32.items()}
+        with cuda_autocast_rules(), torch.autocast("cpu", dtype=lower):
+            for name, op in CUDA_FP32.items():
+                assert op(low).dtype == torch.float32, name
+            for name, op in CUDA_LOWER.items():
+                assert op(full).dtype == lower, name
+        with torch.autocast("cpu", dtype=lower):  # the CPU's own rules are back
+            assert {name: op(low).dtype for name, op in CUDA_FP32.items()} == cpu
+    assert cpu["layer_norm"] == cpu["softmax"] == lower
+
+
+def test_offload_counts_the_states_on_the_host():
+    """--fsdp-offload: rank 0's fp32 shards, their gradients and AdamW's two moments are on the host
+    (the hand arithmetic of the sharding test), and the device no longer holds them."""
+    shard = sum(math.ceil(shape[0] / 8) * math.prod(shape[1:]) for shape in parameter_shapes())
+    kept = estimate_pretrain(pretrain(devices=8, batch=8, fsdp=True))
+    offloaded = estimate_pretrain(pretrain(devices=8, batch=8, fsdp=True, fsdp_offload=True))
+    assert kept.host_bytes == 0
+    assert offloaded.host["parameters"] == 4 * shard and offloaded.host["gradients"] == 4 * shard
+    assert offloaded.host["optimizer_state"] >= 8 * shard  # the moments, and the step's temporaries
+    assert offloaded.by_category["parameters"] == offloaded.by_category["optimizer_state"] == 0
+    assert offloaded.peak_bytes == sum(offloaded.by_category.values())
+    assert offloaded.peak_bytes <= kept.peak_bytes - 4 * shard - 8 * shard
+
+
+def test_compile_is_simulated_without_compiling():
+    result = estimate_pretrain(pretrain(compile=True))
+    assert result.peak_bytes == estimate_pretrain(pretrain()).peak_bytes
+    assert any("--compile simulated without compiling" in note for note in result.notes)
+
+
+def test_a_missing_private_torch_api_is_one_line(monkeypatch, capsys):
+    """The trackers live in torch's private modules: a torch without one stops the estimate with one
+    line that names the missing piece and the torch version."""
+    import_module = importlib.import_module
+
+    def without_trackers(name, *args):
+        if name.startswith("torch.distributed._tools"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return import_module(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", without_trackers)
+    argv = ["estimate", "pretrain", "--preset", "tiny", "--n-head", "4", "--batch-size", "2"]
+    assert main([*argv, "--precision", "fp32"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "torch.distributed._tools.mem_tracker.MemTracker" in line and torch.__version__ in line

@@ -36,14 +36,13 @@ from gptkit.train.estimate import (
     EstimateOptions,
     FinetuneEstimateConfig,
     PretrainEstimateConfig,
-    build_trainer,
     finetune_simulation,
     pretrain_simulation,
-    simulated_ranks,
 )
 from gptkit.train.finetune import FinetuneConfig
 from gptkit.train.loop import Trainer
 from gptkit.train.run import ModelShape
+from gptkit.train.simulation import build_trainer, simulated_ranks
 
 RANKS, PER_RANK = 8, 2
 SHAPE = ModelShape(preset="tiny", n_head=4)  # 2 blocks, d 32
