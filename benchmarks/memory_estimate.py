@@ -14,7 +14,8 @@ Parameters, gradients and optimizer state, estimated and measured, are checked a
 arithmetic (4 bytes per weight held or trained, 8 per trained weight for AdamW's two moments).
 
 On a GPU (GPTKIT_BENCH_DEVICE=cuda, as benchmarks/gpu.sh runs it) the update runs there, the
-measured peak is torch.cuda.max_memory_allocated, and the estimate is `--target gpu`'s.
+measured peak is torch.cuda.max_memory_allocated, and the estimate is `--target gpu`'s; each row
+runs in fp32 and in bf16, where the estimate applies CUDA autocast's precision per operation.
 
   python benchmarks/memory_estimate.py [--quick]   (--quick: GPT-2 small only)
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import itertools
 import json
 import subprocess
 import sys
@@ -39,7 +41,7 @@ BATCH, LENGTH = 8, 256
 UPDATES = 2  # the first allocates the optimizer's moments; the second is the steady state
 
 
-def simulation(shape: str, stage: str, checkpointing: str, batch: int = BATCH):
+def simulation(shape: str, stage: str, checkpointing: str, batch: int = BATCH, precision: str = "fp32"):
     """The run to estimate and measure, as gptkit.train.estimate describes it."""
     from gptkit.train.config import TrainConfig
     from gptkit.train.estimate import (
@@ -53,7 +55,7 @@ def simulation(shape: str, stage: str, checkpointing: str, batch: int = BATCH):
     from gptkit.train.run import ModelShape
 
     train = TrainConfig(
-        batch_size=batch, precision="fp32", activation_checkpointing=checkpointing, max_steps=UPDATES
+        batch_size=batch, precision=precision, activation_checkpointing=checkpointing, max_steps=UPDATES
     )
     options = EstimateOptions(target="gpu" if DEVICE.startswith("cuda") else "cpu")
     model = ModelShape(**SHAPES[shape], context_length=LENGTH)
@@ -108,7 +110,7 @@ class HeapInUse(threading.Thread):
         return max(self.peak, self.in_use())
 
 
-def measure(shape: str, stage: str, checkpointing: str, batch: int = BATCH) -> dict:
+def measure(shape: str, stage: str, checkpointing: str, batch: int = BATCH, precision: str = "fp32") -> dict:
     """In this process (a fresh one): the update on real tensors. Its peak twice: of the resident
     set, and of malloc's bytes in use (:class:`HeapInUse`), each above what the process held before
     the model was built; and the median wall and CPU time of the updates after the first."""
@@ -119,7 +121,7 @@ def measure(shape: str, stage: str, checkpointing: str, batch: int = BATCH) -> d
     from gptkit.train.distributed import DistributedContext
     from gptkit.train.simulation import build_trainer, held_states
 
-    sim = simulation(shape, stage, checkpointing, batch)
+    sim = simulation(shape, stage, checkpointing, batch, precision)
     torch.manual_seed(0)
     batch_tensors = sim.make_batch(batch)
     device = torch.device(DEVICE)
@@ -158,9 +160,11 @@ def measure(shape: str, stage: str, checkpointing: str, batch: int = BATCH) -> d
     }
 
 
-def measured_in_fresh_process(shape: str, stage: str, checkpointing: str, batch: int = BATCH) -> dict:
+def measured_in_fresh_process(
+    shape: str, stage: str, checkpointing: str, batch: int = BATCH, precision: str = "fp32"
+) -> dict:
     out = subprocess.run(
-        [sys.executable, __file__, "--worker", shape, stage, checkpointing, str(batch)],
+        [sys.executable, __file__, "--worker", shape, stage, checkpointing, str(batch), precision],
         capture_output=True,
         text=True,
         check=True,
@@ -196,51 +200,54 @@ def main(quick: bool) -> None:
 
     shapes = ["gpt2 small"] if quick else list(SHAPES)
     comparisons, rows = [], []
-    for shape in shapes:
-        for stage in STAGES:
-            for checkpointing in ("none", "full"):
-                estimated = estimate(simulation(shape, stage, checkpointing))
-                measured = measured_in_fresh_process(shape, stage, checkpointing)
-                hand = hand_arithmetic(shape, stage)
-                row = {
-                    "shape": shape,
-                    "stage": stage,
-                    "activation_checkpointing": checkpointing,
-                    "estimated_peak_mb": round(estimated.peak_bytes / MB),
-                    "measured_peak_mb": round(measured["peak_bytes"] / MB),
-                    "measured_peak_rss_mb": round(measured["peak_rss_bytes"] / MB),
-                    "wall_s_per_update": measured["wall_s_per_update"],
-                    "cpu_s_per_update": measured["cpu_s_per_update"],
-                    "estimated_states": estimated.states,
-                    "measured_states": measured["states"],
-                    "hand_arithmetic": hand,
-                    "states_equal_hand_arithmetic": estimated.states == measured["states"] == hand,
-                    "by_category_mb": {k: round(v / MB) for k, v in estimated.by_category.items()},
-                }
-                rows.append(row)
-                print(json.dumps(row), file=sys.stderr, flush=True)
-                comparisons.append(
-                    {
-                        "what": f"estimated peak, {shape}, {stage}, checkpointing {checkpointing}, "
-                        f"batch {BATCH} × {LENGTH}, fp32",
-                        "unit": "MB",
-                        "ours": row["estimated_peak_mb"],
-                        "peer": "measured peak of the same update: "
-                        + (
-                            "torch.cuda.max_memory_allocated"
-                            if DEVICE.startswith("cuda")
-                            else "malloc's bytes in use"
-                        ),
-                        "peer_value": row["measured_peak_mb"],
-                        "ratio": round(estimated.peak_bytes / measured["peak_bytes"], 3),
-                    }
-                )
+    # On a GPU also bf16, where the estimate applies CUDA autocast's precision per operation.
+    precisions = ("fp32", "bf16") if DEVICE.startswith("cuda") else ("fp32",)
+    for shape, stage, checkpointing, precision in itertools.product(
+        shapes, STAGES, ("none", "full"), precisions
+    ):
+        estimated = estimate(simulation(shape, stage, checkpointing, precision=precision))
+        measured = measured_in_fresh_process(shape, stage, checkpointing, precision=precision)
+        hand = hand_arithmetic(shape, stage)
+        row = {
+            "shape": shape,
+            "stage": stage,
+            "activation_checkpointing": checkpointing,
+            "precision": precision,
+            "estimated_peak_mb": round(estimated.peak_bytes / MB),
+            "measured_peak_mb": round(measured["peak_bytes"] / MB),
+            "measured_peak_rss_mb": round(measured["peak_rss_bytes"] / MB),
+            "wall_s_per_update": measured["wall_s_per_update"],
+            "cpu_s_per_update": measured["cpu_s_per_update"],
+            "estimated_states": estimated.states,
+            "measured_states": measured["states"],
+            "hand_arithmetic": hand,
+            "states_equal_hand_arithmetic": estimated.states == measured["states"] == hand,
+            "by_category_mb": {k: round(v / MB) for k, v in estimated.by_category.items()},
+        }
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+        comparisons.append(
+            {
+                "what": f"estimated peak, {shape}, {stage}, checkpointing {checkpointing}, "
+                f"batch {BATCH} × {LENGTH}, {precision}",
+                "unit": "MB",
+                "ours": row["estimated_peak_mb"],
+                "peer": "measured peak of the same update: "
+                + (
+                    "torch.cuda.max_memory_allocated"
+                    if DEVICE.startswith("cuda")
+                    else "malloc's bytes in use"
+                ),
+                "peer_value": row["measured_peak_mb"],
+                "ratio": round(estimated.peak_bytes / measured["peak_bytes"], 3),
+            }
+        )
     emit("memory_estimate", comparisons, rows=rows, batch=BATCH, length=LENGTH)
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--worker"]:
-        shape, stage, checkpointing, batch = sys.argv[2:6]
-        print(json.dumps(measure(shape, stage, checkpointing, int(batch))))
+        shape, stage, checkpointing, batch, precision = sys.argv[2:7]
+        print(json.dumps(measure(shape, stage, checkpointing, int(batch), precision)))
     else:
         main(quick="--quick" in sys.argv)

@@ -2,14 +2,16 @@
 
 For each published shape, stage (fine-tuning every weight, LoRA rank 8, pre-training) and activation
 checkpointing (none, full), on one GPU and on 8 with DDP or FSDP2: the simulated training update's
-peak per device (gptkit.train.estimate: two Trainer updates on fake tensors, bf16 autocast, AdamW,
-attention as a GPU's fused kernels store it) as a function of the per-device batch (PeakCurve),
-and each cell the largest batch whose peak fits 90% of the memory. `gptkit estimate ... --memory
-SIZE` finds that batch by bisection on the simulated step, at several simulations a cell; here the
-line through the simulated peaks at 8 and 16 sequences stands in above 16 (checked on GPT-1: it agrees
-exactly up to a few hundred sequences and within 1% beyond, 1146 against 1139 sequences with
-checkpointing on 80 GB), and below 16 the bisection runs. DDP's peak is one process's plus its
-gradient buckets, as the estimate computes it.
+peak per device (gptkit.train.simulation: two Trainer updates on fake tensors, bf16 with CUDA
+autocast's precision per operation, AdamW, attention as a GPU's fused kernels store it) as a
+function of the per-device batch (PeakCurve), and each cell the largest batch whose peak fits 90% of
+the memory, found by gptkit.train.estimate.largest_batch as `gptkit estimate ... --memory SIZE`
+finds it. Memory sizes are GiB (2^30 bytes; what GPU makers sell as "80 GB" is 80 GiB). Below 16
+sequences every peak the search asks for is simulated; above 16 the line through the simulated
+peaks at 8 and 16 sequences stands in for the simulation (checked on GPT-1: it agrees exactly up to
+a few hundred sequences and within 1% beyond). DDP's peak is one process's plus its gradient
+buckets, as the estimate computes it. The JSON records on stderr carry each line's bytes per
+sequence and fixed bytes (one GPU, FSDP2 at 8).
 
   python scripts/what_fits.py [--models gpt2,gpt2-medium] > table.md
 """
@@ -124,6 +126,9 @@ def main() -> None:
                         "checkpointing": checkpointing,
                         "batches": cells,
                         "length": length,
+                        # The lines' bytes per sequence and at none, one GPU and FSDP2 at 8.
+                        "per_sequence_bytes": [round(single.per_sequence), round(sharded.per_sequence)],
+                        "fixed_bytes": [round(single.fixed), round(sharded.fixed)],
                     }
                 )
     print(json.dumps(records), file=sys.stderr)
