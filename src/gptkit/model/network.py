@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from gptkit.config import IGNORE_INDEX, GPTConfig
+from gptkit.model.fused_loss import fused_next_token_loss
 from gptkit.model.positions import sinusoidal_positions
 from gptkit.model.weights import read_pretrained, save_state_dict
 
@@ -466,75 +467,3 @@ def next_token_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         targets.reshape(-1),
         ignore_index=IGNORE_INDEX,
     )
-
-
-class _FusedLMLoss(torch.autograd.Function):
-    """Σ cross-entropy(h·W^T, target) / count, fusing the output layer with the loss.
-
-    The forward pass runs a chunk of positions at a time: fp32 logits of the chunk, their
-    log-sum-exp, and at once the gradient with respect to the logits, (softmax − one-hot) / count,
-    stored in the compute dtype. Backward is then two matmuls. Nothing of size (positions ×
-    vocabulary) is ever held in fp32 beyond one chunk, and no log-softmax graph is kept. Matmuls run
-    in the autocast dtype.
-
-    The logits are computed transposed, (vocabulary × chunk) = W·h^T: with the vocabulary as the
-    long side the fp32 product runs ~1.7× faster on CPU than h·W^T over a few hundred rows
-    (docs/results.md), the backward products gain too, and the softmax reduces over dim 0 as well.
-    """
-
-    @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk_positions: int):
-        device = hidden.device.type
-        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
-        valid = targets != IGNORE_INDEX
-        count = valid.sum().clamp(min=1)
-        h, w = hidden.to(dtype), weight.to(dtype)
-        # (vocabulary, positions): column j is d loss / d logits of position j.
-        grad_logits_t = torch.empty(weight.size(0), hidden.size(0), dtype=dtype, device=hidden.device)
-        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-        with torch.autocast(device, enabled=False):
-            for start in range(0, hidden.size(0), chunk_positions):
-                cols = slice(start, start + chunk_positions)
-                logits = (w @ h[cols].t()).float()  # (V, chunk)
-                chunk_targets = targets[cols].clamp(min=0)[None, :]
-                keep = valid[None, cols]
-                picked = logits.gather(0, chunk_targets)
-                # One exp pass gives both the log-sum-exp and the softmax: exp(l - max) summed is s,
-                # log-sum-exp = max + log s, softmax = exp(l - max) / s.
-                col_max = logits.amax(dim=0, keepdim=True)
-                exps = logits.sub_(col_max).exp_()
-                col_sum = exps.sum(dim=0, keepdim=True)
-                total += ((col_max + col_sum.log() - picked) * keep).sum()
-                exps.scatter_add_(0, chunk_targets, -col_sum)  # s·(softmax − one-hot)
-                torch.mul(exps, keep / (count * col_sum), out=grad_logits_t[:, cols])
-        ctx.save_for_backward(h, w, grad_logits_t)
-        ctx.hidden_dtype, ctx.weight_dtype = hidden.dtype, weight.dtype
-        return total / count
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        h, w, grad_logits_t = ctx.saved_tensors
-        scale = grad_output.to(grad_logits_t.dtype)
-        with torch.autocast(h.device.type, enabled=False):
-            grad_hidden = (grad_logits_t.t() @ w).mul_(scale).to(ctx.hidden_dtype)
-            grad_weight = (grad_logits_t @ h).mul_(scale).to(ctx.weight_dtype)
-        return grad_hidden, grad_weight, None, None
-
-
-def fused_next_token_loss(
-    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_positions: int | None = None
-) -> torch.Tensor:
-    """The loss of :func:`next_token_loss` from h_n and the tied output weight, fused (see above).
-
-    ``chunk_positions``: positions whose logits are held at once; by default a multiple of 64 near
-    32M logits (128 MB in fp32), where the product runs at the matmul peak (an odd width such as
-    414 runs ~30% slower than 384 on CPU).
-    """
-    d = hidden.size(-1)
-    rows = hidden[:, :-1, :].reshape(-1, d)  # position i predicts token i+1
-    targets = labels[:, 1:].reshape(-1)
-    if chunk_positions is None:
-        chunk_positions = max(64, (1 << 25) // weight.size(0) // 64 * 64)
-    elif chunk_positions < 1:
-        raise ValueError(f"chunk_positions must be at least 1, got {chunk_positions}")
-    return _FusedLMLoss.apply(rows, weight, targets, chunk_positions)
