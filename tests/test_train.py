@@ -773,8 +773,8 @@ def test_a_signal_mid_run_then_resume_gives_the_uninterrupted_weights_bit_for_bi
         (dict(batch_size=10, micro_batch_size=4), r"4 does not divide the batch of 10: .* such as 2"),
         (dict(max_steps=10, warmup_steps=20), r"20 warm-up updates are more than the 10 of training"),
         (
-            dict(precision="fp16"),
-            r"precision .*must be one of auto, fp32, bf16, float32, bfloat16, got 'fp16'",
+            dict(precision="fp8"),
+            r"precision .*must be one of auto, fp32, bf16, fp16, float32, bfloat16, float16, got 'fp8'",
         ),
         (dict(lr=0), r"lr .*must be > 0"),
         (dict(beta2=1.0), r"beta2 .*must be in \[0, 1\)"),
