@@ -23,6 +23,7 @@ from gptkit.train.checkpoint_export import write_model_files
 from gptkit.train.config import TrainConfig
 from gptkit.train.distributed import wrap_model
 from gptkit.train.loop import Trainer
+from gptkit.train.meta_init import build_sharded, meta_init_applies
 from gptkit.train.run import (
     ModelShape,
     base_vocab_size,
@@ -97,15 +98,19 @@ def pretrain(config: PretrainConfig) -> dict[str, float]:
         check_shard_tokenizer(config.data, meta)
         tokenizer = Tokenizer.from_pretrained(Path(config.data) / meta["tokenizer"])
         torch.manual_seed(train.seed)  # the same initial weights on every rank
-        model = build_model(config.model, base_vocab_size(tokenizer))
+        vocab_size = base_vocab_size(tokenizer)
+        if meta_init_applies(train, ctx, loads_weights=bool(config.model.init)):
+            # FSDP2: each rank materialises its shards only, of the weights built below otherwise.
+            model, wrapped = build_sharded(lambda: build_model(config.model, vocab_size), ctx, train)
+        else:
+            model = build_model(config.model, vocab_size).to(ctx.device)
+            wrapped = wrap_model(model, ctx, train)
         context_length = config.model.context_length or model.config.context_length
-        model.to(ctx.device)
         torch.manual_seed(train.seed + ctx.rank)  # dropout differs across ranks
 
         windows = WindowSampler(
             train_shard, context_length, train.batch_size, train.seed, ctx.rank, ctx.world_size
         )
-        wrapped = wrap_model(model, ctx, train)
         per_rank = train.batch_size // ctx.world_size
         micro = min(train.micro_batch_size or per_rank, per_rank)
         val_shard = TokenShard.open(config.data, "val")

@@ -1,0 +1,90 @@
+"""Meta-device initialisation under FSDP2 on 2 gloo processes: each process holds only its shards,
+and they are the ordinary CPU build's weights with the same seed, bit for bit (so the init's
+statistics are the model's own N(0, 0.02) and a seeded run is reproducible)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from gptkit import GPT, GPTConfig
+from gptkit.train.config import TrainConfig
+from gptkit.train.meta_init import dim0_shard
+from tests.serve_schema import free_port
+
+# Uneven on purpose: 37 rows of the embedding do not split evenly over 2 processes.
+CONFIG = GPTConfig(vocab_size=37, context_length=16, n_layer=2, n_head=2, d_model=8)
+
+
+def sharded_then_gathered(rank: int, world_size: int, port: int, config: GPTConfig, offload: bool, results):
+    from gptkit.train.distributed import full_model_state_dict, init_distributed, shutdown_distributed
+    from gptkit.train.meta_init import build_sharded
+
+    os.environ.update(
+        WORLD_SIZE=str(world_size), RANK=str(rank), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )  # fmt: skip
+    torch.set_num_threads(1)
+    ctx = init_distributed("cpu")
+    try:
+        torch.manual_seed(0)
+        train = TrainConfig(max_steps=1, fsdp=True, fsdp_offload=offload)
+        model, wrapped = build_sharded(lambda: GPT(config), ctx, train)
+        held = sum(p.to_local().numel() for p in model.parameters())
+        state = full_model_state_dict(wrapped, ctx)
+        buffers = {name: b.clone() for name, b in model.named_buffers()}
+        results[rank] = {"held": held, "state": dict(state) if rank == 0 else None, "buffers": buffers}
+    finally:
+        shutdown_distributed()
+
+
+def run_two_processes(config: GPTConfig, offload: bool = False) -> dict:
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(sharded_then_gathered, args=(2, free_port(), config, offload, results), nprocs=2, join=True)
+        return dict(results)
+
+
+def test_dim0_shard_is_fsdp2s_chunk():
+    full = torch.arange(5 * 2).reshape(5, 2)
+    assert [dim0_shard(full, r, 2).tolist() for r in range(2)] == [full[:3].tolist(), full[3:].tolist()]
+    assert dim0_shard(torch.ones(1), 1, 2).shape == (0,)  # fewer rows than processes
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("position_encoding", ["learned", "sinusoidal"])
+def test_meta_init_gives_each_process_its_shards_of_the_ordinary_init(position_encoding):
+    config = GPTConfig(**{**CONFIG.to_dict(), "position_encoding": position_encoding})
+    got = run_two_processes(config, offload=position_encoding == "sinusoidal")
+    torch.manual_seed(0)
+    ordinary = GPT(config)
+    expected = ordinary.state_dict()
+    state = got[0]["state"]
+    assert state.keys() == expected.keys()
+    for name in expected:
+        assert torch.equal(state[name], expected[name]), name
+    # Each process held its half (the embedding's 37 rows split 19 + 18), never the whole model.
+    total = sum(p.numel() for p in ordinary.parameters())
+    assert got[0]["held"] + got[1]["held"] == total and max(got[0]["held"], got[1]["held"]) < 0.6 * total
+    for rank in (0, 1):  # the computed buffers are made again, not left as to_empty's memory
+        for name, buffer in ordinary.named_buffers():
+            assert torch.equal(got[rank]["buffers"][name], buffer), name
+
+
+@pytest.mark.slow
+def test_meta_init_statistics_are_the_models_init_and_reproducible():
+    """Against the paper's init rather than the code's: N(0, 0.02) for the matrices, N(0, 0.02/√(2·n_layer))
+    for GPT-2's residual projections, LayerNorm 1 and 0, biases 0; two seeded runs alike."""
+    config = GPTConfig(
+        vocab_size=512, context_length=64, n_layer=2, n_head=4, d_model=64, scale_residual_init=True
+    )
+    first, second = run_two_processes(config)[0]["state"], run_two_processes(config)[0]["state"]
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    assert first["wte.weight"].std().item() == pytest.approx(0.02, rel=0.05)
+    assert first["wte.weight"].mean().item() == pytest.approx(0.0, abs=0.02 * 0.05)
+    residual = torch.cat([first[f"h.{i}.mlp.c_proj.weight"].flatten() for i in range(2)])
+    assert residual.std().item() == pytest.approx(0.02 / (2 * 2) ** 0.5, rel=0.05)
+    assert torch.equal(first["h.0.ln_1.weight"], torch.ones(64)) and not first["h.1.attn.c_attn.bias"].any()
