@@ -3,11 +3,19 @@
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from gptkit.model import fused_next_token_loss
+from gptkit.model.weights import read_state_dict
+from gptkit.train.metrics_log import read_metrics
+from gptkit.train.precision import LossScaler
+from tests.test_train import alice_shards, loop_config, make_trainer
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -30,11 +38,11 @@ def scaled_gradients(loss_of, leaves, loss_scale: float) -> list[torch.Tensor]:
 def test_fused_loss_gradients_under_fp16_autocast_match_cross_entropys(loss_scale):
     """The fused output layer + loss against torch's unfused F.linear + F.cross_entropy, both under
     fp16 autocast with the loss scaled; and at the scale a run starts with, against fp32 at the
-    points autocast rounds to fp16. A GPT-2-sized vocabulary: at initialisation each softmax
-    probability is about 1/50257, and a token that is no target gets only those (over the
+    points autocast rounds to fp16. A large vocabulary: at initialisation each softmax
+    probability is about 1/8192, and a token that is no target gets only those (over the
     positions counted) as its gradient."""
     torch.manual_seed(0)
-    vocab, positions, d = 50257, 512, 64
+    vocab, positions, d = 8192, 256, 64
     hidden = torch.randn(positions + 1, d, requires_grad=True)
     weight = (torch.randn(vocab, d) * 0.02).requires_grad_()
     labels = torch.randint(0, vocab, (positions + 1,))
@@ -65,3 +73,148 @@ def test_fused_loss_gradients_under_fp16_autocast_match_cross_entropys(loss_scal
         assert relative_error(fused[0], rounded_hidden.grad) < 1e-3
         assert relative_error(fused[1], rounded_weight.grad) < 1e-3
         assert errors[1] < 1e-3
+
+
+# The loop: dynamic loss scaling ------------------------------------------------------------------
+
+# fp16 on this CPU runs on a slow path, and says so once per Trainer; here that is expected.
+pytestmark = pytest.mark.filterwarnings("ignore:--precision fp16 on hardware without native fp16")
+
+
+@pytest.fixture(scope="module")
+def shards(data_dir, small_tokenizer, tmp_path_factory) -> Path:
+    return alice_shards(small_tokenizer, data_dir, tmp_path_factory.mktemp("shards"))
+
+
+class Overflow:
+    """A gradient hook on one parameter that makes its gradient inf during the given updates
+    (1-based, as the metrics log counts them), as an fp16 overflow in the backward pass would: the
+    loss stays finite."""
+
+    def __init__(self, parameter: torch.nn.Parameter, at: set[int]):
+        self.at, self.trainer = at, None
+        parameter.register_hook(self.hook)
+
+    def hook(self, grad: torch.Tensor) -> torch.Tensor:
+        return grad * math.inf if self.trainer.step + 1 in self.at else grad
+
+
+class Snapshots:
+    """A batch source that keeps the model's weights as each update starts (the previous one's)."""
+
+    def __init__(self, source, model: torch.nn.Module):
+        self.source, self.model, self.weights = source, model, []
+
+    def next_batch(self):
+        self.weights.append({k: v.clone() for k, v in self.model.state_dict().items()})
+        return self.source.next_batch()
+
+    def state_dict(self):
+        return self.source.state_dict()
+
+    def load_state_dict(self, state):
+        self.source.load_state_dict(state)
+
+
+def fp16_trainer(shards, out, overflow_at=(), interrupt_at=None, **overrides):
+    config = loop_config(**{"precision": "fp16", "eval_every": 0, **overrides})
+    trainer, model = make_trainer(shards, out, config, interrupt_at=interrupt_at)
+    Overflow(model.wte.weight, set(overflow_at)).trainer = trainer
+    return trainer, model
+
+
+def logged(out: Path, field: str) -> list:
+    return [r[field] for r in read_metrics(out / "metrics.jsonl") if field in r]
+
+
+def test_fp16_training_follows_fp32_and_logs_its_scale(shards, tmp_path):
+    """fp16 autocast with loss scaling trains as fp32 does (the same batches, the losses within
+    fp16's rounding), logging the scale and no skipped update."""
+    torch.manual_seed(0)
+    fewer_files = dict(max_steps=12, eval_every=0, checkpoint_every=None)  # a checkpoint draws loss.png
+    fp32, _ = make_trainer(shards, tmp_path / "fp32", loop_config(**fewer_files))
+    fp32.fit()
+    fp16, _ = fp16_trainer(shards, tmp_path / "fp16", **fewer_files)
+    fp16.fit()
+    expected, got = logged(tmp_path / "fp32", "loss"), logged(tmp_path / "fp16", "loss")
+    assert got == pytest.approx(expected, rel=1e-2) and got[-1] < got[0] - 0.25
+    assert logged(tmp_path / "fp16", "loss_scale") == [2.0**16] * 12
+    assert logged(tmp_path / "fp16", "skipped_updates") == [0] * 12
+    assert "loss_scale" not in read_metrics(tmp_path / "fp32" / "metrics.jsonl")[0]
+    run = json.loads((tmp_path / "fp16" / "run_config.json").read_text())["resolved"]
+    assert run["precision"] == "fp16"
+
+
+def test_a_forced_overflow_skips_exactly_that_update_and_halves_the_scale(shards, tmp_path):
+    trainer, model = fp16_trainer(shards, tmp_path, overflow_at={3}, max_steps=5, checkpoint_every=None)
+    trainer.data = snapshots = Snapshots(trainer.data, model)
+    trainer.fit()  # on_nonfinite is "stop": an overflow is not a non-finite loss
+    weights = [*snapshots.weights, model.state_dict()]  # before updates 1..5, after 5
+    changed = [any(not torch.equal(a[k], b[k]) for k in a) for a, b in zip(weights, weights[1:])]
+    assert changed == [True, True, False, True, True]
+    assert logged(tmp_path, "loss_scale") == [2.0**16, 2.0**16, 2.0**15, 2.0**15, 2.0**15]
+    assert logged(tmp_path, "skipped_updates") == [0, 0, 1, 1, 1]
+    assert all(math.isfinite(loss) for loss in logged(tmp_path, "loss"))
+    assert not math.isfinite(logged(tmp_path, "grad_norm")[2])
+    # AdamW counted 4 updates: the skipped one moved no moment either.
+    assert {int(s["step"]) for s in trainer.optimizers[0].state.values()} == {4}
+
+
+def test_a_nonfinite_loss_under_fp16_still_stops_and_leaves_the_scale(shards, tmp_path):
+    """A NaN loss is no overflow of the scaled gradients: --on-nonfinite decides, the scale stays."""
+    trainer, model = fp16_trainer(shards, tmp_path, max_steps=4, on_nonfinite="skip", checkpoint_every=None)
+
+    def nan_loss(module, inputs, output):
+        if trainer.step + 1 == 2:
+            output.loss = output.loss * math.nan
+        return output
+
+    model.register_forward_hook(nan_loss)
+    with pytest.warns(UserWarning, match="step 2: loss is nan.*skipping"):
+        trainer.fit()
+    assert logged(tmp_path, "loss_scale") == [2.0**16] * 4
+    assert logged(tmp_path, "skipped_updates") == [0] * 4
+
+
+def test_resume_restores_the_loss_scale_bit_for_bit(shards, tmp_path):
+    """Stopped after update 4 and resumed in a fresh Trainer, the run ends on the uninterrupted
+    run's weights and scaler state exactly. The scale is moved off its start by an overflow at
+    update 2 and grows back every 3 clean updates (growth_interval=3, which only the checkpoint
+    can tell the resumed Trainer)."""
+
+    def scaler_every_3(trainer):
+        trainer.loss_scaler.scaler = torch.amp.GradScaler("cpu", growth_interval=3)
+        return trainer
+
+    straight, straight_model = fp16_trainer(shards, tmp_path / "a", overflow_at={2})
+    scaler_every_3(straight).fit()
+    first, _ = fp16_trainer(shards, tmp_path / "b", overflow_at={2}, interrupt_at=5)
+    with pytest.raises(KeyboardInterrupt, match="interrupted at step 4"):
+        scaler_every_3(first).fit()
+    assert first.loss_scaler.state_dict() != straight.loss_scaler.state_dict()
+    torch.manual_seed(12345)  # a fresh process would not share the first run's RNG
+    second, model = fp16_trainer(shards, tmp_path / "b")
+    second.resume(second.latest_checkpoint(), read_state_dict)
+    assert second.loss_scaler.state_dict() == first.loss_scaler.state_dict()
+    second.fit()
+    # 2¹⁶, halved at 2, doubled after 3, 4, 5 and again after 6, 7, 8.
+    assert logged(tmp_path / "a", "loss_scale") == [2.0**16] + [2.0**15] * 3 + [2.0**16] * 3 + [2.0**17]
+    assert logged(tmp_path / "b", "loss_scale") == logged(tmp_path / "a", "loss_scale")
+    assert second.loss_scaler.state_dict() == straight.loss_scaler.state_dict()
+    assert second.loss_scaler.state_dict()["skipped"] == 1
+    expected, got = straight_model.state_dict(), model.state_dict()
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
+
+
+@pytest.mark.parametrize(
+    "state, message",
+    [
+        ({"scale": "big", "_growth_tracker": 0}, "the loss scale is 'big', expected a positive number"),
+        ({"scale": -1.0, "_growth_tracker": 0}, "the loss scale is -1.0"),
+        ({"scale": 2.0, "_growth_tracker": 1.5}, "the loss scale's growth counter is 1.5, expected a count"),
+    ],
+)
+def test_a_damaged_loss_scale_in_a_checkpoint_is_one_line_naming_it(state, message):
+    scaler = LossScaler(torch.float16, torch.device("cpu"))
+    with pytest.raises(ValueError, match=f"step-0000004: {message}"):
+        scaler.load_state_dict(state, "step-0000004")

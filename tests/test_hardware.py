@@ -202,7 +202,7 @@ def test_fp16_on_a_cpu_trains_with_a_warning_and_infers_as_a_storage_format(cpu_
     for avx512_bf16, auto in ((True, "bf16"), (False, "fp32")):
         cpu_flags(avx512_bf16=avx512_bf16)
         assert hardware.resolve_precision("auto", cpu, "training").name == auto  # never fp16 on a CPU
-        with pytest.warns(UserWarning, match=f"no AMX-FP16 .* 4.5x slower .* auto picks {auto} here"):
+        with pytest.warns(UserWarning, match=f"no AMX-FP16 .* 5-100x slower .* auto picks {auto} here"):
             assert hardware.resolve_precision("fp16", cpu, "training").dtype == torch.float16
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # for inference a storage format, whose cost the reason states

@@ -11,9 +11,9 @@ can win even on a CPU without bf16 instructions.
 CUDA GPUs without bf16 (the T4 and V100 of free notebook services) have fp16 tensor cores
 instead: there ``auto`` trains in fp16 autocast with dynamic loss scaling (gptkit.train.precision),
 and runs inference in float16. fp16 on a CPU is a storage format and a way to try a GPU's recipe:
-a CPU without AMX-FP16 multiplies fp16 matrices on a slow path (a 256 x 1024 by 1024 x 1024
-product measured 4.5x fp32's time on an AVX-512 CPU with bf16 instructions), so ``auto`` never
-picks it there.
+a CPU without AMX-FP16 multiplies fp16 matrices on a slow path (on an AVX-512 CPU with bf16
+instructions, 5x fp32's time for x·Wᵀ and 30-100x for a plain product of square matrices), so
+``auto`` never picks it there.
 
 MPS (Apple GPUs) runs in fp32: its bf16 support depends on the macOS version, and it is untested
 here.
@@ -210,7 +210,7 @@ def resolve_precision(spec: str | None, device: torch.device, use: PrecisionUse)
 # What a training format costs on hardware without it, for the warning.
 _SLOW_TRAINING = {
     "bf16": "matrix products take a slow path, measured 30-65x slower than fp32 on such CPUs",
-    "fp16": "matrix products take a slow path, measured 4.5x slower than fp32 on an AVX-512 CPU",
+    "fp16": "matrix products take a slow path, measured 5-100x slower than fp32 on an AVX-512 CPU",
 }
 
 
@@ -399,8 +399,11 @@ def _cpu_decoding_prefers_bf16() -> tuple[bool, float]:
 def matmul_peak_flops(device: torch.device, dtype: torch.dtype) -> float:
     """FLOP/s of a square matrix product on ``device`` in ``dtype``, measured here: the peak that a
     training run's model FLOPs utilisation (MFU) is against. Best of 3 after a warm-up; 1024² on a
-    CPU (about 0.1 s in all), 4096² on a GPU."""
+    CPU (about 0.1 s in all), 4096² on a GPU; 256² for fp16 where it is not native, whose slow path
+    took 5 s for one 1024² product on a CPU."""
     n = 1024 if device.type == "cpu" else 4096
+    if dtype == torch.float16 and not fp16_native(device).native:
+        n = 256
     # A generator of its own: drawing from torch's global one would shift a run's dropout masks, and
     # a resumed run (which measures again) would no longer end on the uninterrupted run's weights.
     generator = torch.Generator(device=device).manual_seed(0)

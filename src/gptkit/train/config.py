@@ -102,8 +102,8 @@ class TrainConfig:
         default=False,
         metadata={
             "help": "Shard with FSDP2 instead of DDP (torchrun only): each block's parameters, gradients and "
-            "optimizer state split across the processes; with bf16 precision, parameters are gathered in "
-            "bf16 and gradients reduced in fp32."
+            "optimizer state split across the processes; with bf16 or fp16 precision, parameters are gathered "
+            "in that format and gradients reduced in fp32."
         },
     )
     fsdp_offload: bool = field(

@@ -2,15 +2,16 @@
 
 The two stages differ in the batches they feed and in what the model's forward returns as
 ``.loss``; accumulation, clipping, autocast, the schedule and evaluation live here once, and the
-loop hands its other jobs to parts: the run directory's layout (:mod:`~gptkit.train.rundir`),
+loop hands its other jobs to parts: fp16's loss scaling (:mod:`~gptkit.train.precision`), the run
+directory's layout (:mod:`~gptkit.train.rundir`),
 checkpoints that resume exactly (:mod:`~gptkit.train.checkpointer`), the metrics log
 (:mod:`~gptkit.train.metrics_log`) and the time-budget planner (:mod:`~gptkit.train.budget`).
-A non-finite update is never applied, and never saved.
+A non-finite update is never applied, and never saved (under fp16, gradients that overflow are the
+loss scaler's: the update is skipped and counted, and the scale lowered).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import signal
 import time
@@ -32,6 +33,7 @@ from gptkit.train.distributed import DistributedContext, gradient_sync, unwrap
 from gptkit.train.memory import keep_freed_memory
 from gptkit.train.metrics_log import MetricsLogger, MetricsWriter, make_writers, plot_metrics, read_metrics
 from gptkit.train.optim import build_optimizers, learning_rate
+from gptkit.train.precision import LossScaler, autocast
 from gptkit.train.rundir import CHECKPOINTS, LATEST, TRAIN_STATE, RunDir
 
 __all__ = [
@@ -67,15 +69,6 @@ def training_flops_per_token(model: nn.Module) -> float:
     et al., 2020; a tied embedding counts once, as the output layer). Attention's scores are left
     out, as in the usual MFU, so it is a slight undercount at long contexts."""
     return 6.0 * sum(p.numel() for p in model.parameters() if p.dim() >= 2)
-
-
-def autocast(dtype: torch.dtype, device: torch.device):
-    """bf16 autocast for a bf16 training precision; fp32 runs as it is."""
-    if dtype == torch.bfloat16:
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    if dtype != torch.float32:
-        raise ValueError(f"training precision must be torch.float32 or torch.bfloat16, got {dtype}")
-    return contextlib.nullcontext()
 
 
 def split_micro_batches(batch: dict, micro_batch_size: int) -> list[dict]:
@@ -134,6 +127,7 @@ class Trainer:
         self.step = 0
         self.tokens_seen = 0
         self.precision = resolve_precision(config.precision, self.ctx.device, "training")
+        self.loss_scaler = LossScaler(self.precision.dtype, self.ctx.device)  # fp16's; else a plain step
         self.optimizers = build_optimizers(
             unwrap(model),
             config.optimizer,
@@ -196,6 +190,7 @@ class Trainer:
         """Write model + optimizer + schedule position + RNG + data position; all ranks must call it."""
         plan = {} if self.plan is None else self.plan.to_dict()
         state = {"tokens_seen": self.tokens_seen, "data": self.data.state_dict(), "plan": plan}
+        state["loss_scaler"] = self.loss_scaler.state_dict()
         return self.checkpointer.save(self.step, self.model, self.optimizers, state)
 
     def latest_checkpoint(self) -> Path | None:
@@ -211,6 +206,7 @@ class Trainer:
         if state["plan"]:
             self.plan = BudgetPlan.from_dict(state["plan"])
         self.data.load_state_dict(state["data"])
+        self.loss_scaler.load_state_dict(state.get("loss_scaler", {}), str(checkpoint))
         if state["rng"] is not None:
             set_rng_state(state["rng"])
         else:
@@ -285,7 +281,8 @@ class Trainer:
             now = self.clock()
             tokens_per_s = n_tokens * ctx.world_size / max(now - started, 1e-9)
             bar.update(1)
-            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", refresh=False)
+            postfix = {"loss": f"{loss:.4f}", "tok_s": f"{tokens_per_s:,.0f}", **self.loss_scaler.metrics()}
+            bar.set_postfix(postfix, refresh=False)
             if budget is not None:
                 self._follow_budget(budget, now, bar)
             self._after_step(loss, grad_norm, tokens_per_s)
@@ -344,6 +341,7 @@ class Trainer:
             # Stopped before the update was applied: the batch was drawn but not trained on, so the
             # data position goes back, and a resume trains on it as the uninterrupted run did.
             self._zero_grad()
+            self.loss_scaler.discard()
             self.data.load_state_dict(position)
             raise
 
@@ -356,9 +354,13 @@ class Trainer:
                 group["lr"] = lr * group.get("lr_scale", 1.0)
         total_loss, grad_norm, n_tokens = self.compute_gradients(batch)
         loss_value, norm_value = float(total_loss), float(grad_norm)
-        if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
+        # An fp16 gradient that overflowed is the loss scaler's to skip (apply_gradients); a loss
+        # that is not finite is not a matter of scale.
+        finite_norm = math.isfinite(norm_value) or self.loss_scaler.enabled
+        if not (math.isfinite(loss_value) and finite_norm):
             message = f"step {self.step + 1}: loss is {loss_value}, gradient norm is {norm_value}"
             self._zero_grad()
+            self.loss_scaler.discard()
             if config.on_nonfinite == "stop":
                 raise NonFiniteLossError(
                     f"{message}; stopping (the last checkpoint is intact). Lower --lr, or pass "
@@ -373,8 +375,8 @@ class Trainer:
 
     def compute_gradients(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Forward and backward over ``batch``'s micro-batches, the gradients reduced across processes
-        and clipped: (the mean loss, the gradient norm, this process's tokens). Reads no tensor's
-        value, so that it also runs on fake tensors (``gptkit estimate``)."""
+        and clipped (under fp16, unscaled first): (the mean loss, the gradient norm, this process's
+        tokens). Reads no tensor's value, so that it also runs on fake tensors (``gptkit estimate``)."""
         config, ctx = self.config, self.ctx
         micro_batches = split_micro_batches(batch, self.micro_batch_size)
         self.forward.train()
@@ -389,20 +391,22 @@ class Trainer:
             with gradient_sync(self.model, sync=i == len(micro_batches) - 1):
                 with autocast(self.precision.dtype, ctx.device):
                     loss = self.forward(**micro).loss / len(micro_batches)
-                loss.backward()
+                self.loss_scaler.scale(loss).backward()
             total_loss += loss.detach().float()
         total_loss = ctx.all_reduce_mean(total_loss)
+        self.loss_scaler.unscale(self.optimizers)
         if config.grad_clip > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)
         else:
             grad_norm = torch.zeros(())
         return total_loss, grad_norm, n_tokens
 
-    def apply_gradients(self) -> None:
-        """The optimizers' step with the gradients :meth:`compute_gradients` left, then no gradients."""
-        for optimizer in self.optimizers:
-            optimizer.step()
+    def apply_gradients(self) -> bool:
+        """The optimizers' step with the gradients :meth:`compute_gradients` left, then no gradients.
+        Whether it was applied: under fp16, not when the gradients overflowed."""
+        applied = self.loss_scaler.step(self.optimizers)
         self._zero_grad()
+        return applied
 
     def _zero_grad(self) -> None:
         for optimizer in self.optimizers:
@@ -421,6 +425,7 @@ class Trainer:
                 "tokens_per_s": tokens_per_s,
                 "tokens_seen": self.tokens_seen,
             }
+            record.update(self.loss_scaler.metrics())
             if self.peak_flops:  # model FLOPs utilisation, per device: achieved over the measured peak
                 record["mfu"] = tokens_per_s * self.flops_per_token / (self.ctx.world_size * self.peak_flops)
         if self.evaluate is not None and config.eval_every and (self.step % config.eval_every == 0 or last):
