@@ -32,6 +32,8 @@
 #   serve_throughput.py      no device option: it starts `gptkit serve --device cpu --dtype float32`.
 #   tokenizer_throughput.py  the tokenizers run on the CPU by nature; nothing to move to a GPU.
 #   prepare_throughput.py    corpus preparation is CPU work (tokenizing, writing shards) by nature.
+#   scripts/gpu_checks.py    not a benchmark: what only CUDA can check (its JSON line says passed
+#                            or failed for each); it fails the script when a check fails.
 # The CPU-only ones are run unchanged (their JSON records the CPU they ran on); --device-only skips
 # them.
 #
@@ -46,7 +48,7 @@ for arg in "$@"; do
         --quick) quick=(--quick) ;;
         --device-only) device_only=1 ;;
         --paper) paper=1 ;;
-        -h | --help) sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -115,6 +117,18 @@ if [ "$device_only" = 0 ]; then
     for name in serve_throughput tokenizer_throughput prepare_throughput; do
         run "$name"
     done
+fi
+
+# What only a GPU can check (scripts/gpu_checks.py): selective checkpointing's gradients against the
+# unchecked run's with dropout through fused attention, fp16 training with loss scaling, and on 2 or
+# more GPUs a sharded (DCP) checkpoint saved on all of them and resumed on half.
+echo "== gpu_checks" >&2
+if "$python" scripts/gpu_checks.py >"$out/gpu_checks.out"; then
+    tail -n 1 "$out/gpu_checks.out" | tee -a "$out/all.jsonl"
+else
+    echo "gpu.sh: gpu_checks failed; its output:" >&2
+    cat "$out/gpu_checks.out" >&2
+    failed+=("gpu_checks")
 fi
 
 # The paper's Tables 2-3: GPT-1's published weights fine-tuned on each task's full data.
