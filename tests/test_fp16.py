@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from gptkit import GPT, GPTConfig
+from gptkit.generation import generate
+from gptkit.generation.text import load_for_generation
 from gptkit.model import fused_next_token_loss
-from gptkit.model.weights import read_state_dict
+from gptkit.model.weights import read_state_dict, save_state_dict
 from gptkit.train.metrics_log import read_metrics
 from gptkit.train.precision import LossScaler
 from tests.test_train import alice_shards, loop_config, make_trainer
@@ -218,3 +222,26 @@ def test_a_damaged_loss_scale_in_a_checkpoint_is_one_line_naming_it(state, messa
     scaler = LossScaler(torch.float16, torch.device("cpu"))
     with pytest.raises(ValueError, match=f"step-0000004: {message}"):
         scaler.load_state_dict(state, "step-0000004")
+
+
+# Inference ---------------------------------------------------------------------------------------
+
+
+def test_fp16_weights_load_and_decode_with_the_cache_as_they_compute(small_tokenizer, tmp_path):
+    """--dtype fp16 loads the weights as float16 (on a CPU too: a storage format there, whose
+    slow products the printed reason names), and cached decoding gives the logits of the whole
+    sequence computed again in fp16, close to fp32's."""
+    torch.manual_seed(0)
+    reference = GPT(GPTConfig.from_preset("tiny", dropout=0.0)).eval()
+    save_state_dict(reference.config, reference.state_dict(), tmp_path)
+    for name in small_tokenizer.iterdir():
+        shutil.copy(name, tmp_path)
+    model, _ = load_for_generation(tmp_path, dtype="fp16", device="cpu")
+    assert {p.dtype for p in model.parameters()} == {torch.float16}
+    prompt = torch.randint(0, 512, (2, 5))
+    ids = generate(model, prompt, 12, temperature=0)
+    with torch.no_grad():
+        again = model(ids).logits[:, prompt.size(1) - 1 : -1].float()
+        exact = reference(ids).logits[:, prompt.size(1) - 1 : -1]
+    assert torch.equal(again.argmax(-1), ids[:, prompt.size(1) :])  # each cached step's choice
+    torch.testing.assert_close(again, exact, atol=2e-2, rtol=0)

@@ -54,8 +54,9 @@ class HarnessConfig:
     dtype: Precision = field(
         default="float32",
         metadata={
-            "help": "Weights and scores: float32 (exact), bfloat16, or auto (bfloat16 where the hardware "
-            "multiplies it natively); fp32 and bf16 are the same formats' other names."
+            "help": "Weights and scores: float32 (exact), bfloat16, float16, or auto (bfloat16 where the "
+            "hardware multiplies it natively, float16 on a CUDA GPU without bf16); fp32, bf16 and fp16 are "
+            "the same formats' other names."
         },
     )
     device: str = field(default="auto", metadata={"help": DEVICE_HELP})

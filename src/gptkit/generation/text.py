@@ -44,8 +44,9 @@ class InferenceConfig:
         default="auto",
         kw_only=True,
         metadata={
-            "help": "Weights: auto (what runs fastest on this hardware, printed with its reason), float32 "
-            "or bfloat16 (fp32 and bf16 are the same formats' other names)."
+            "help": "Weights: auto (what runs fastest on this hardware, printed with its reason; float16 on "
+            "a CUDA GPU without bf16), float32, bfloat16 or float16 (a CPU without fp16 instructions "
+            "multiplies float16 slowly) (fp32, bf16 and fp16 are the same formats' other names)."
         },
     )
     quantize: Literal["none", "int8"] = field(
