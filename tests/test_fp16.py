@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -245,3 +246,50 @@ def test_fp16_weights_load_and_decode_with_the_cache_as_they_compute(small_token
         exact = reference(ids).logits[:, prompt.size(1) - 1 : -1]
     assert torch.equal(again.argmax(-1), ids[:, prompt.size(1) :])  # each cached step's choice
     torch.testing.assert_close(again, exact, atol=2e-2, rtol=0)
+
+
+# FSDP2: one rank's overflow is every rank's ---------------------------------------------------------
+
+
+def step_sharded(rank: int, world_size: int, port: int, overflow_rank: int | None, results) -> None:
+    """A parameter sharded over the ranks as FSDP2 shards it (a DTensor, Shard(0)), its gradient
+    scaled as the loss scaler leaves it; ``overflow_rank``'s shard holds an inf. Each rank then
+    unscales and steps; the result: (applied, the scale after, whether its shard moved)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        mesh = init_device_mesh("cpu", (world_size,))
+        shard = torch.ones(2, 2)
+        param = torch.nn.Parameter(DTensor.from_local(shard.clone(), mesh, [Shard(0)]))
+        scaler = LossScaler(torch.float16, torch.device("cpu"))
+        scale = scaler.scale(torch.ones(())).item()  # the first scale, as backward saw it
+        grad = torch.full((2, 2), 0.5 * scale)
+        if rank == overflow_rank:
+            grad[0, 0] = math.inf
+        param.grad = DTensor.from_local(grad, mesh, [Shard(0)])
+        optimizer = torch.optim.SGD([param], lr=1.0)
+        scaler.unscale([optimizer])
+        applied = scaler.step([optimizer])
+        results[rank] = (applied, scaler.metrics()["loss_scale"], not torch.equal(param.to_local(), shard))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_an_overflow_in_one_ranks_shard_skips_the_update_on_every_rank():
+    import torch.multiprocessing as mp
+
+    from tests.serve_schema import free_port
+
+    outcomes = {}
+    for overflow_rank in (None, 1):
+        with mp.Manager() as manager:
+            results = manager.dict()
+            mp.spawn(step_sharded, args=(2, free_port(), overflow_rank, results), nprocs=2, join=True)
+            outcomes[overflow_rank] = dict(results)
+    assert outcomes[None] == {0: (True, 2.0**16, True), 1: (True, 2.0**16, True)}
+    assert outcomes[1] == {0: (False, 2.0**15, False), 1: (False, 2.0**15, False)}
