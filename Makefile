@@ -3,18 +3,24 @@
 # data/); `make keep-demo` and `make keep-paper` keep a run's figures in results/ and re-render
 # docs/results.md, as a step of its own.
 # Each target sets up .venv on first use (and again when pyproject.toml or constraints.txt
-# changes), with the exact tested versions of constraints.txt.
+# changes), with the exact tested versions of constraints.txt: `make demo` the package and the
+# extras its stages import (gpt1: the vocabulary's ftfy and spaCy; plot: the loss curve), every
+# other target the whole `dev` environment. Both share one .venv: the dev set-up holds the demo's
+# (its stamp marks both), and after the demo's it installs only what is missing.
 
 VENV    ?= .venv
 PYTHON  := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
+DEMO_EXTRAS := gpt1,plot
 # The public datasets and vocabularies: ../shared/data beside the checkout when it exists, else
 # data/, which `make demo` fills from the datasets' public sources (gptkit data fetch).
 DATA    ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),$(abspath data))
 RUNS    ?= runs
 # The whole demo's wall-clock budget, counted from when make started: the set-up counts, and
 # pre-training and fine-tuning share what it leaves (a slower CPU gets fewer updates, not more time).
-# `make demo DEMO_BUDGET=30m` trains both longer; DEMO_SEEDS=3 fine-tunes each side three times.
+# `make demo DEMO_BUDGET=30m` trains both longer; DEMO_SEEDS=3 fine-tunes each side three times at
+# most (by default as many times as the time holds).
 DEMO_BUDGET ?= 15m
 DEMO_SEEDS ?=
 DEMO_STARTED := $(shell date +%s)
@@ -29,7 +35,20 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m pip install -q --upgrade pip
 	$(PYTHON) -m pip install -q -c constraints.txt -e ".[dev]"
 	$(PYTHON) -m gptkit.native
-	touch $(STAMP)
+	touch $(STAMP) $(DEMO_STAMP)
+
+# The demo's set-up: nothing to do where the dev environment is installed and up to date.
+$(DEMO_STAMP): pyproject.toml constraints.txt
+	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ] && [ $(STAMP) -nt constraints.txt ]; then \
+		touch $(DEMO_STAMP); \
+	else \
+		set -e; python3 -m venv $(VENV); \
+		$(PYTHON) -m pip install -q --upgrade pip; \
+		echo "installing gptkit[$(DEMO_EXTRAS)] into $(VENV)"; \
+		$(PYTHON) -m pip install -q -c constraints.txt -e ".[$(DEMO_EXTRAS)]"; \
+		$(PYTHON) -m gptkit.native; \
+		touch $(DEMO_STAMP); \
+	fi
 
 setup: $(STAMP)
 
@@ -41,14 +60,14 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	GPTKIT_DATA=$(DATA) $(PYTHON) -m pytest -m "not slow"
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	@test -d "$(DATA)/gutenberg" -a -d "$(DATA)/story_cloze_2016" || $(PYTHON) -m gptkit data fetch --demo --out "$(DATA)"
 	GPTKIT_DATA=$(DATA) $(PYTHON) -m gptkit demo --data $(DATA) --out $(RUNS)/demo \
 		--time-budget $(DEMO_BUDGET) --budget-start $(DEMO_STARTED) \
 		$(if $(INIT),--init $(INIT)) $(if $(DEMO_SEEDS),--seeds $(DEMO_SEEDS))
 
 # A demo run's figures into results/demo.json and docs/results.md (the project's record).
-keep-demo: $(STAMP)
+keep-demo: $(DEMO_STAMP)
 	$(PYTHON) scripts/render_results.py --keep demo $(RUNS)/demo/summary.json
 
 # The paper's experiments on a CPU slice (docs/paper.md): pre-train a GPT with the demo's recipe

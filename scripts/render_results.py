@@ -339,13 +339,25 @@ def demo_table(record: dict) -> list[str]:
         clears = ("yes" if task["clears_threshold"] else "no") if several else "one draw"
         lines.append(
             f"| {name} | {task['metric']} | {task['examples']:,} | {task.get('seeds', 1)} | "
-            f"{', '.join(str(run['updates']) for run in runs) or '—'} | {task['pretrained']:.3f} | "
+            f"{_updates_cell(task)} | {task['pretrained']:.3f} | "
             f"{task['from_scratch']:.3f} | {task['majority_class']:.3f} | {', '.join(per_seed) or '—'} | "
             f"{difference} | {threshold} | {clears} |"
         )
     if collapsed:
         lines += ["", "§ a side answered one class on every example: it learned nothing of the task."]
     return [*lines, ""]
+
+
+def _updates_cell(task: dict) -> str:
+    """A demo task's updates a side: once where every seed took the same (with the run's size where
+    the record has it), else seed by seed."""
+    updates = [run["updates"] for run in task.get("per_seed", [])]
+    if not updates:
+        return "—"
+    if len(set(updates)) > 1:
+        return ", ".join(map(str, updates))
+    size = f" ({task['train_examples']:,} examples × {task['epochs']})" if task.get("train_examples") else ""
+    return f"{updates[0]}{size}"
 
 
 def paper_table(record: dict) -> list[str]:

@@ -1,5 +1,5 @@
-"""The `gptkit` commands end to end, as a user runs them: the quick demo, and the tools on tiny
-models saved in this process."""
+"""The `gptkit` commands end to end, as a user runs them: the tools on tiny models saved in this
+process (the quick demo is tests/test_demo.py's)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
@@ -53,63 +52,6 @@ def models(data_dir, tmp_path_factory) -> dict[str, Path]:
     task_gpt = GPT(GPTConfig.from_preset("tiny", vocab_size=len(tokenizer), n_special=3, dropout=0.0))
     TaskModel(task_gpt, spec, clf_dropout=0.0, tokenizer=tokenizer).save_pretrained(root / "sst2")
     return {"lm": run.root, "sst2": root / "sst2"}
-
-
-@pytest.fixture(scope="module")
-def demo(data_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("demo") / "run"
-    result = gptkit("demo", "--data", data_dir, "--out", out, "--quick", "--seeds", "2")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out
-
-
-@pytest.mark.slow
-def test_quick_demo_runs_every_stage(demo, data_dir):
-    summary = json.loads((demo / "summary.json").read_text())
-    assert set(summary["sst2_dev_accuracy"]) == {"pretrained", "from_scratch", "majority_class"}
-    assert summary["sst2_dev_accuracy"]["majority_class"] == pytest.approx(444 / 872)
-    assert len(summary["samples"]) == 3 and all(summary["samples"].values())
-    # Each task's comparison over its two seeds, recomputed from the per-example outcomes each run
-    # kept, and both sides of a seed trained for the same updates.
-    sizes = {"sst2": ("dev", 872), "story_cloze": ("test", 1871)}
-    assert set(summary["tasks"]) == set(sizes)
-    for name, result in summary["tasks"].items():
-        split, size = sizes[name]
-        outcomes = {"pretrained": [], "from_scratch": []}
-        for seed in (1337, 1338):
-            for side in outcomes:
-                kept = json.loads((demo / name / f"seed-{seed}" / side / "report_correct.json").read_text())
-                assert kept["split"] == split and len(kept["correct"]) == size
-                outcomes[side].append(np.array(kept["correct"], dtype=float))
-                steps = json.loads((demo / name / f"seed-{seed}" / side / "run_config.json").read_text())
-                assert steps["resolved"]["max_steps"] == result["per_seed"][seed - 1337]["updates"]
-        for side, runs in outcomes.items():
-            assert result[side] == pytest.approx(np.mean(runs))
-        per_seed = [a.mean() - b.mean() for a, b in zip(outcomes["pretrained"], outcomes["from_scratch"])]
-        assert result["difference"] == pytest.approx(np.mean(per_seed)) and result["seeds"] == 2
-        assert result["stderr"] > 0 and result["threshold"] >= 2.0
-        assert result["metric"] == f"{split} accuracy" and 0.4 < result["majority_class"] < 0.6
-    assert summary["tasks"]["sst2"]["pretrained"] == summary["sst2_dev_accuracy"]["pretrained"]
-    # The tasks' unlabelled text joined pre-training: every training sentence and story opening,
-    # and nothing of what is reported or of the labels (no dev sentence, no story ending).
-    from gptkit.data.registry import read_dataset
-
-    sst2 = (demo / "task_text" / "sst2.txt").read_text(encoding="utf-8").splitlines()
-    assert sst2 == [e.fields["text"] for e in read_dataset("sst2", "train", data_dir)]
-    assert not set(sst2) & {e.fields["text"] for e in read_dataset("sst2", "dev", data_dir)}
-    stories = (demo / "task_text" / "story_cloze.txt").read_text(encoding="utf-8").splitlines()
-    train_stories = read_dataset("story_cloze", "train", data_dir)
-    assert stories == [e.fields["context"] for e in train_stories]
-    test_openings = {e.fields["context"] for e in read_dataset("story_cloze", "test", data_dir)}
-    assert not set(stories) & test_openings
-    for name in (
-        "tokenizer/encoder.json",
-        "pretrain/model.safetensors",
-        "pretrain/loss.png",
-        "sst2/seed-1337/pretrained/task.json",
-        "sst2/seed-1338/from_scratch/results.json",
-    ):
-        assert (demo / name).exists(), name
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ import pytest
 from gptkit import demo
 from gptkit.cli import _build_configs, build_parser
 from gptkit.data.examples import Example
+from gptkit.demo import plan
 from gptkit.train.config import TrainConfig
 from gptkit.train.recipes import RECIPES, PretrainRecipe
 
@@ -119,27 +120,105 @@ def test_several_seeds_give_the_error_over_seeds_and_examples_and_the_threshold_
 
 
 def test_the_time_plan_shares_what_set_up_left_and_keeps_sampling_and_a_margin(capsys):
-    config = demo.DemoConfig(data="data", time_budget="15m")
-    deadline = demo.Deadline(900.0, time.time() - 125.0)  # 125 s of set-up already spent
-    plan = demo._plan(config, deadline, "recipe")
-    margin, sampling = demo.MARGIN_SHARE * 900, demo.SAMPLING_SECONDS["recipe"]
+    deadline = plan.Deadline(900.0, time.time() - 125.0)  # 125 s of set-up already spent
+    recipe = plan.plan_time(deadline, "recipe", None, quick=False)
+    margin, sampling = plan.MARGIN_SECONDS, plan.SAMPLING_SECONDS["recipe"]
     shared = 900 - 125 - sampling - margin
-    assert plan["pretrain_seconds"] == pytest.approx(demo.PRETRAIN_SHARE * shared, abs=1.0)
-    assert plan["finetune_end"] == pytest.approx(deadline.end - sampling - margin)
-    assert plan["seeds"] == 2
-    # A budget too short for two seeds to train 20 s each runs one; --seeds is taken as given.
-    assert demo._plan(config, demo.Deadline(300.0, time.time()), "recipe")["seeds"] == 1
-    asked = dataclasses.replace(config, seeds=3)
-    assert demo._plan(asked, demo.Deadline(300.0, time.time()), "recipe")["seeds"] == 3
+    assert recipe.pretrain_seconds == pytest.approx(plan.PRETRAIN_SHARE * shared, abs=1.0)
+    assert recipe.finetune_end == pytest.approx(deadline.end - sampling - margin)
+    assert recipe.seeds is None  # as many as the time holds
+    assert plan.plan_time(deadline, "recipe", 3, quick=False).seeds == 3  # --seeds: at most 3
+    # The demo ends in the last minute of its budget: sampling runs until the margin, which is less.
+    assert 0 < margin < 60
     # Set-up and data that left too little to train stop the demo with one line, before training.
     with pytest.raises(ValueError, match=r"leaves \d+s to train after 2\d\ds of set-up and data"):
-        demo._plan(config, demo.Deadline(300.0, time.time() - 200.0), "recipe")
+        plan.plan_time(plan.Deadline(300.0, time.time() - 200.0), "recipe", None, quick=False)
     # From published weights nothing is pre-trained: fine-tuning has all of it.
-    published = demo._plan(config, deadline, "published")
-    assert published["pretrain_seconds"] == 0.0
-    assert published["finetune_end"] == pytest.approx(
-        deadline.end - demo.SAMPLING_SECONDS["published"] - margin
+    published = plan.plan_time(deadline, "published", None, quick=False)
+    assert published.pretrain_seconds == 0.0
+    assert published.finetune_end == pytest.approx(deadline.end - plan.SAMPLING_SECONDS["published"] - margin)
+
+
+def _size(effect: float, seed_sd: float, shared_se: float = 0.0, examples: int = 256) -> plan.RunSize:
+    return plan.RunSize(examples=examples, epochs=1, effect=effect, seed_sd=seed_sd, shared_se=shared_se)
+
+
+def test_the_expected_margin_is_the_effect_over_the_threshold_its_seeds_set_times_the_error():
+    # Training noise alone: SE = sd/√N and the threshold is t(0.975, N − 1) (t tables: 2.776 at 4
+    # degrees of freedom, 12.706 at 1).
+    assert plan.expected_margin(_size(0.1, 0.05), 5, 872) == pytest.approx(
+        0.1 / (2.776 * 0.05 / 5**0.5), rel=1e-3
     )
+    assert plan.expected_margin(_size(0.1, 0.05), 2, 872) == pytest.approx(
+        0.1 / (12.706 * 0.05 / 2**0.5), rel=1e-3
+    )
+    # Example noise alone (no spread across seeds): SE is the shared part, the threshold about 2.
+    assert plan.expected_margin(_size(0.1, 0.0, 0.02), 3, 872) == pytest.approx(
+        0.1 / (1.963 * 0.02), rel=2e-2
+    )
+    # Both: SE² adds them, and the threshold weighs each term's t by its share of SE².
+    between, shared = 0.04**2 / 4, 0.01**2
+    threshold = (between * 3.182 + shared * 1.963) / (between + shared)
+    expected = 0.05 / (threshold * (between + shared) ** 0.5)
+    assert plan.expected_margin(_size(0.05, 0.04, 0.01), 4, 872) == pytest.approx(expected, rel=2e-3)
+    assert plan.expected_margin(_size(0.1, 0.05), 1, 872) == 0.0  # one seed: no claim at all
+
+
+def test_the_plan_takes_the_size_whose_seeds_make_the_threshold_easiest_to_clear():
+    small, large = _size(0.06, 0.03, examples=256), _size(0.10, 0.03, examples=2048)
+    costs = {small: 20.0, large: 100.0}
+    # 200 s: 10 small pairs (margin 0.06 / (2.262 · 0.03/√10) = 2.8) beat 2 large ones (0.4).
+    assert plan.choose_size((small, large), 200.0, costs, 872) == (small, 10)
+    # 1,200 s: 12 of either (the cap); the larger effect wins.
+    assert plan.choose_size((small, large), 1200.0, costs, 872) == (large, 12)
+    # --seeds 2: two pairs of either fit, and the larger effect wins.
+    assert plan.choose_size((small, large), 1200.0, costs, 872, max_seeds=2) == (large, 2)
+    # Time for less than two pairs of any size: the cheapest, once.
+    assert plan.choose_size((small, large), 30.0, costs, 872) == (small, 1)
+
+
+def test_another_seed_pair_starts_only_where_the_slowest_so_far_still_fits():
+    assert plan.another_pair_fits(0.0, [], 0, 5)  # the first pair always runs
+    assert plan.another_pair_fits(25.0, [10.0, 20.0], 2, 5)  # 1.25 × 20 = 25 fits
+    assert not plan.another_pair_fits(24.9, [10.0, 20.0], 2, 5)
+    assert not plan.another_pair_fits(1000.0, [10.0, 20.0], 2, 2)  # --seeds 2: two pairs at most
+
+
+class _Clock:
+    """A clock that moves only when the fake fine-tuning says so: the test does not depend on the
+    machine's pace."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def time(self) -> float:
+        return self.now
+
+    perf_counter = time
+
+
+def test_seed_pairs_stop_before_the_task_time_ends_when_the_machine_slows_down(monkeypatch, tmp_path):
+    from gptkit.demo import compare
+
+    clock = _Clock()
+    side_seconds = iter([10, 10, 10, 10, 20, 20, 20, 20, 20, 20])  # the machine slows after two pairs
+    report = _examples(["1", "0"] * 4)
+
+    def fake_finetune(config):
+        clock.now += next(side_seconds)
+        Path(config.out).mkdir(parents=True)
+        (Path(config.out) / "run_config.json").write_text(json.dumps({"resolved": {"max_steps": 6}}))
+
+    monkeypatch.setattr(compare, "time", clock)
+    monkeypatch.setattr(compare, "finetune", fake_finetune)
+    monkeypatch.setattr(compare, "read_dataset", lambda *args: report)
+    monkeypatch.setattr(compare, "score_examples", lambda run, examples, *a, **k: [1, 0] * 4)
+    sides = compare.Sides("init", "auto", "cpu")
+    pair_plan = compare.PairPlan(_size(0.1, 0.05), seeds=12, end=clock.now + 110.0)
+    result = compare.compare_task("sst2", demo.DEMO_TASKS["sst2"], Path("data"), tmp_path, sides, pair_plan)
+    # Pairs at 0 (20 s), 20 (20 s), 40 (40 s); at 80, 30 s are left < 1.25 × 40: no fourth pair.
+    assert result["seeds"] == 3 and clock.now - 1000.0 == 80.0 <= 110.0
+    assert [run["updates"] for run in result["per_seed"]] == [6, 6, 6]
 
 
 def test_a_budget_that_set_up_used_up_stops_before_anything_is_written(tmp_path):
@@ -265,3 +344,111 @@ def test_both_sides_of_a_seed_start_from_one_head_and_see_the_same_examples(data
     assert not torch.equal(heads["pretrained"], torch.zeros_like(heads["pretrained"]))
     # A learning rate of 1e-12 leaves each head where it started.
     torch.testing.assert_close(heads["pretrained"], heads["from_scratch"], atol=1e-6, rtol=0)
+
+
+# What the demo's set-up leaves out: every extra but the demo's, by the modules they install.
+EXTRA_MODULES = {
+    "transformers": "transformers", "peft": "peft", "lm-eval": "lm_eval", "pyarrow": "pyarrow",
+    "zstandard": "zstandard", "onnx": "onnx", "onnxscript": "onnxscript", "onnxruntime": "onnxruntime",
+    "gguf": "gguf", "llama-cpp-python": "llama_cpp", "fastapi": "fastapi", "uvicorn": "uvicorn",
+    "openai": "openai", "tensorboard": "tensorboard", "wandb": "wandb",
+}  # fmt: skip
+BLOCK_IMPORTS = """
+import importlib.machinery, runpy, sys
+class Absent(importlib.machinery.PathFinder):  # finds nothing of the left-out extras, as if not installed
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name.split(".")[0] in {blocked!r}:
+            return None
+        return super().find_spec(name, path, target)
+sys.meta_path = [Absent if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
+sys.argv[0] = "gptkit"
+runpy.run_module("gptkit", run_name="__main__", alter_sys=True)
+"""
+
+
+def _modules_outside_the_demos_extras() -> set[str]:
+    import re
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        tomllib = pytest.importorskip("tomli")
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    demo_extras = re.search(r"^DEMO_EXTRAS := (.+)$", (REPO / "Makefile").read_text(), re.M)[1].split(",")
+    names = {
+        re.split(r"[<>=\[ ]", requirement)[0]
+        for extra, requirements in extras.items()
+        if extra not in (*demo_extras, "dev")
+        for requirement in requirements
+    }
+    assert names <= set(EXTRA_MODULES), f"map these to their modules: {names - set(EXTRA_MODULES)}"
+    return {EXTRA_MODULES[name] for name in names}
+
+
+@pytest.fixture(scope="module")
+def quick_demo(data_dir, tmp_path_factory) -> Path:
+    """`gptkit demo --quick --seeds 2`, with no module of the extras that the demo's set-up leaves
+    out importable: what `make demo`'s set-up installs is what the demo runs on."""
+    out = tmp_path_factory.mktemp("demo") / "run"
+    script = BLOCK_IMPORTS.format(blocked=sorted(_modules_outside_the_demos_extras()))
+    args = ["demo", "--data", str(data_dir), "--out", str(out), "--quick", "--seeds", "2"]
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, cwd=REPO, timeout=1800
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow
+def test_quick_demo_runs_every_stage_on_the_demos_extras_alone(quick_demo, data_dir):
+    summary = json.loads((quick_demo / "summary.json").read_text())
+    assert set(summary["sst2_dev_accuracy"]) == {"pretrained", "from_scratch", "majority_class"}
+    assert summary["sst2_dev_accuracy"]["majority_class"] == pytest.approx(444 / 872)
+    assert len(summary["samples"]) == 3 and all(summary["samples"].values())
+    # Each task's comparison over its two seeds, recomputed from the per-example outcomes each run
+    # kept; both sides of every seed trained for the quick size's fixed updates.
+    sizes = {"sst2": ("dev", 872), "story_cloze": ("test", 1871)}
+    assert set(summary["tasks"]) == set(sizes)
+    quick_updates = 2 * (64 // 32)  # --quick: 64 examples, 2 epochs, batch 32
+    for name, result in summary["tasks"].items():
+        split, size = sizes[name]
+        outcomes = {"pretrained": [], "from_scratch": []}
+        for seed in (1337, 1338):
+            for side in outcomes:
+                run = quick_demo / name / f"seed-{seed}" / side
+                kept = json.loads((run / "report_correct.json").read_text())
+                assert kept["split"] == split and len(kept["correct"]) == size
+                outcomes[side].append(np.array(kept["correct"], dtype=float))
+                steps = json.loads((run / "run_config.json").read_text())["resolved"]["max_steps"]
+                assert steps == result["per_seed"][seed - 1337]["updates"] == quick_updates
+        for side, runs in outcomes.items():
+            assert result[side] == pytest.approx(np.mean(runs))
+        per_seed = [a.mean() - b.mean() for a, b in zip(outcomes["pretrained"], outcomes["from_scratch"])]
+        assert result["difference"] == pytest.approx(np.mean(per_seed)) and result["seeds"] == 2
+        # The error is 0 only where the sides agreed on every example of every seed (a tiny run's
+        # two sides may both answer one class everywhere); the threshold is never below 2.
+        agreed = all(np.array_equal(a, b) for a, b in zip(outcomes["pretrained"], outcomes["from_scratch"]))
+        assert (result["stderr"] == 0) == agreed and result["stderr"] >= 0 and result["threshold"] >= 2.0
+        assert result["metric"] == f"{split} accuracy" and 0.4 < result["majority_class"] < 0.6
+        assert (result["train_examples"], result["epochs"]) == (64, 2)
+    assert summary["tasks"]["sst2"]["pretrained"] == summary["sst2_dev_accuracy"]["pretrained"]
+    # The tasks' unlabelled text joined pre-training: every training sentence and story opening,
+    # and nothing of what is reported or of the labels (no dev sentence, no story ending).
+    from gptkit.data.registry import read_dataset
+
+    sst2 = (quick_demo / "task_text" / "sst2.txt").read_text(encoding="utf-8").splitlines()
+    assert sst2 == [e.fields["text"] for e in read_dataset("sst2", "train", data_dir)]
+    assert not set(sst2) & {e.fields["text"] for e in read_dataset("sst2", "dev", data_dir)}
+    stories = (quick_demo / "task_text" / "story_cloze.txt").read_text(encoding="utf-8").splitlines()
+    assert stories == [e.fields["context"] for e in read_dataset("story_cloze", "train", data_dir)]
+    test_openings = {e.fields["context"] for e in read_dataset("story_cloze", "test", data_dir)}
+    assert not set(stories) & test_openings
+    for name in (
+        "tokenizer/encoder.json",
+        "pretrain/model.safetensors",
+        "pretrain/loss.png",
+        "sst2/seed-1337/pretrained/task.json",
+        "sst2/seed-1338/from_scratch/results.json",
+    ):
+        assert (quick_demo / name).exists(), name
