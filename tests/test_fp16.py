@@ -18,6 +18,7 @@ from gptkit.generation import generate
 from gptkit.generation.text import load_for_generation
 from gptkit.model import fused_next_token_loss
 from gptkit.model.weights import read_state_dict, save_state_dict
+from gptkit.train.loop import NonFiniteLossError
 from gptkit.train.metrics_log import read_metrics
 from gptkit.train.precision import LossScaler
 from tests.test_train import alice_shards, loop_config, make_trainer
@@ -165,9 +166,13 @@ def test_a_forced_overflow_skips_exactly_that_update_and_halves_the_scale(shards
     assert {int(s["step"]) for s in trainer.optimizers[0].state.values()} == {4}
 
 
-def test_a_nonfinite_loss_under_fp16_still_stops_and_leaves_the_scale(shards, tmp_path):
-    """A NaN loss is no overflow of the scaled gradients: --on-nonfinite decides, the scale stays."""
-    trainer, model = fp16_trainer(shards, tmp_path, max_steps=4, on_nonfinite="skip", checkpoint_every=None)
+@pytest.mark.parametrize("on_nonfinite", ["stop", "skip"])
+def test_a_nonfinite_loss_under_fp16_is_on_nonfinites_and_leaves_the_scale(shards, tmp_path, on_nonfinite):
+    """A NaN loss is no overflow of the scaled gradients: --on-nonfinite decides (stop, or skip and
+    go on: the next update unscales afresh), and the scale stays."""
+    trainer, model = fp16_trainer(
+        shards, tmp_path, max_steps=4, on_nonfinite=on_nonfinite, checkpoint_every=None
+    )
 
     def nan_loss(module, inputs, output):
         if trainer.step + 1 == 2:
@@ -175,6 +180,11 @@ def test_a_nonfinite_loss_under_fp16_still_stops_and_leaves_the_scale(shards, tm
         return output
 
     model.register_forward_hook(nan_loss)
+    if on_nonfinite == "stop":
+        with pytest.raises(NonFiniteLossError, match="step 2: loss is nan"):
+            trainer.fit()
+        assert trainer.loss_scaler.metrics() == {"loss_scale": 2.0**16, "skipped_updates": 0}
+        return
     with pytest.warns(UserWarning, match="step 2: loss is nan.*skipping"):
         trainer.fit()
     assert logged(tmp_path, "loss_scale") == [2.0**16] * 4
