@@ -8,7 +8,6 @@ gradients sharded on the CPU, as FSDP2 leaves them with offload."""
 
 from __future__ import annotations
 
-import os
 from unittest import mock
 
 import pytest
@@ -16,6 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tests.distributed_processes import torchrun_environment
 from tests.serve_schema import free_port
 
 
@@ -39,10 +39,7 @@ def clip_host_shards(rank: int, world_size: int, port: int, results) -> None:
 
     from gptkit.train import distributed
 
-    os.environ.update(
-        WORLD_SIZE=str(world_size), RANK=str(rank), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )  # fmt: skip
+    torchrun_environment(rank, world_size, port)
     cuda = torch.device("cuda")
     with (
         mock.patch.object(distributed, "resolve_device", return_value=cuda),

@@ -4,8 +4,6 @@ statistics are the model's own N(0, 0.02) and a seeded run is reproducible)."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -13,6 +11,7 @@ import torch.multiprocessing as mp
 from gptkit import GPT, GPTConfig
 from gptkit.train.config import TrainConfig
 from gptkit.train.meta_init import dim0_shard
+from tests.distributed_processes import torchrun_environment
 from tests.serve_schema import free_port
 
 # Uneven on purpose: 37 rows of the embedding do not split evenly over 2 processes.
@@ -23,20 +22,20 @@ def sharded_then_gathered(rank: int, world_size: int, port: int, config: GPTConf
     from gptkit.train.distributed import full_model_state_dict, init_distributed, shutdown_distributed
     from gptkit.train.meta_init import build_sharded
 
-    os.environ.update(
-        WORLD_SIZE=str(world_size), RANK=str(rank), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )  # fmt: skip
+    torchrun_environment(rank, world_size, port)
     torch.set_num_threads(1)
     ctx = init_distributed("cpu")
     try:
         torch.manual_seed(0)
         train = TrainConfig(max_steps=1, fsdp=True, fsdp_offload=offload)
         model, wrapped = build_sharded(lambda: GPT(config), ctx, train)
+        next_draws = torch.rand(4)  # the generator left where the ordinary build leaves it
         held = sum(p.to_local().numel() for p in model.parameters())
         state = full_model_state_dict(wrapped, ctx)
         buffers = {name: b.clone() for name, b in model.named_buffers()}
-        results[rank] = {"held": held, "state": dict(state) if rank == 0 else None, "buffers": buffers}
+        results[rank] = {
+            "held": held, "state": dict(state) if rank == 0 else None, "buffers": buffers, "next": next_draws
+        }  # fmt: skip
     finally:
         shutdown_distributed()
 
@@ -62,6 +61,7 @@ def test_meta_init_gives_each_process_its_shards_of_the_ordinary_init(position_e
     torch.manual_seed(0)
     ordinary = GPT(config)
     expected = ordinary.state_dict()
+    next_draws = torch.rand(4)
     state = got[0]["state"]
     assert state.keys() == expected.keys()
     for name in expected:
@@ -69,6 +69,7 @@ def test_meta_init_gives_each_process_its_shards_of_the_ordinary_init(position_e
     # Each process held its half (the embedding's 37 rows split 19 + 18), never the whole model.
     total = sum(p.numel() for p in ordinary.parameters())
     assert got[0]["held"] + got[1]["held"] == total and max(got[0]["held"], got[1]["held"]) < 0.6 * total
+    assert torch.equal(got[0]["next"], next_draws) and torch.equal(got[1]["next"], next_draws)
     for rank in (0, 1):  # the computed buffers are made again, not left as to_empty's memory
         for name, buffer in ordinary.named_buffers():
             assert torch.equal(got[rank]["buffers"][name], buffer), name
