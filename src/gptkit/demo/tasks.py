@@ -43,7 +43,7 @@ DEMO_TASKS = {
         sizes=(
             RunSize(examples=128, epochs=3, effect=0.030, seed_sd=0.021, shared_se=0.004),
             RunSize(examples=512, epochs=3, effect=0.055, seed_sd=0.055, shared_se=0.0),
-            RunSize(examples=2048, epochs=1, effect=0.083, seed_sd=0.035, shared_se=0.0),
+            RunSize(examples=2048, epochs=1, effect=0.092, seed_sd=0.029, shared_se=0.002),
             RunSize(examples=13824, epochs=1, effect=0.119, seed_sd=0.086, shared_se=0.0),
         ),
         # Seconds of pre-training updates: a fine-tuning update of both sides, and a pair's loading
