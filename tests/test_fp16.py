@@ -227,6 +227,7 @@ def test_resume_restores_the_loss_scale_bit_for_bit(shards, tmp_path):
         ({"scale": "big", "_growth_tracker": 0}, "the loss scale is 'big', expected a positive number"),
         ({"scale": -1.0, "_growth_tracker": 0}, "the loss scale is -1.0"),
         ({"scale": 2.0, "_growth_tracker": 1.5}, "the loss scale's growth counter is 1.5, expected a count"),
+        ({"scale": 2.0, "_growth_tracker": 1}, "skipped updates is None, expected a count"),
     ],
 )
 def test_a_damaged_loss_scale_in_a_checkpoint_is_one_line_naming_it(state, message):

@@ -102,10 +102,15 @@ class LossScaler:
         from an fp16 run resumed in another precision is dropped."""
         if not self.enabled or not state:
             return
-        scale, tracker = state.get("scale"), state.get("_growth_tracker")
+        scale = state.get("scale")
         if not isinstance(scale, float) or not (math.isfinite(scale) and scale > 0):
             raise ValueError(f"{source}: the loss scale is {scale!r}, expected a positive number")
-        if not isinstance(tracker, int) or isinstance(tracker, bool) or tracker < 0:
-            raise ValueError(f"{source}: the loss scale's growth counter is {tracker!r}, expected a count")
+        for name, what in (
+            ("_growth_tracker", "the loss scale's growth counter"),
+            ("skipped", "skipped updates"),
+        ):
+            count = state.get(name)
+            if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+                raise ValueError(f"{source}: {what} is {count!r}, expected a count")
         self.scaler.load_state_dict({k: v for k, v in state.items() if k != "skipped"})
-        self.skipped = int(state.get("skipped", 0))
+        self.skipped = state["skipped"]
