@@ -452,3 +452,14 @@ def test_quick_demo_runs_every_stage_on_the_demos_extras_alone(quick_demo, data_
         "sst2/seed-1338/from_scratch/results.json",
     ):
         assert (quick_demo / name).exists(), name
+
+
+def test_from_published_weights_a_pair_leaves_room_for_a_second():
+    """The first pair's shares of a task's time (train and score, both sides alike) leave a second
+    pair room with the slack that another_pair_fits asks: two seeds, so the difference has an error."""
+    from gptkit.demo import run
+
+    pairs = run._published_plan(demo.DEMO_TASKS["sst2"], 100.0, None)
+    assert pairs.size is None and (pairs.train_seconds, pairs.score_seconds) == pytest.approx((15.0, 5.0))
+    first_pair = 2 * (pairs.train_seconds + pairs.score_seconds)
+    assert plan.another_pair_fits(100.0 - first_pair, [first_pair], 1, pairs.seeds)
