@@ -463,3 +463,28 @@ def test_from_published_weights_a_pair_leaves_room_for_a_second():
     assert pairs.size is None and (pairs.train_seconds, pairs.score_seconds) == pytest.approx((15.0, 5.0))
     first_pair = 2 * (pairs.train_seconds + pairs.score_seconds)
     assert plan.another_pair_fits(100.0 - first_pair, [first_pair], 1, pairs.seeds)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_the_demos_set_up_installs_its_extras_alone_and_nothing_where_the_dev_set_up_is_there(tmp_path):
+    for name in ("Makefile", "pyproject.toml", "constraints.txt"):
+        shutil.copy(REPO / name, tmp_path / name)
+    venv = tmp_path / "venv"
+
+    def make(*args: str) -> str:
+        done = subprocess.run(
+            ["make", f"VENV={venv}", *args], cwd=tmp_path, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    # A fresh checkout: the demo installs the package with its extras, not dev's.
+    planned = make("-n", f"{venv}/.installed-demo")
+    assert '-e ".[gpt1,plot]"' in planned and ".[dev]" not in planned
+    # The dev set-up marks both: after it, the demo's set-up installs nothing (no python to run here).
+    assert '-e ".[dev]"' in make("-n", f"{venv}/.installed")
+    venv.mkdir()
+    (venv / ".installed").touch()
+    make(f"{venv}/.installed-demo")
+    assert (venv / ".installed-demo").exists()
+    assert make("-q", f"{venv}/.installed-demo") == ""  # up to date now
