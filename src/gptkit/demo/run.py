@@ -54,6 +54,9 @@ QUICK_BOOK_CHARS = 100_000  # --quick: the vocabulary and the shards from each b
 # takes as long. A pair is then 0.4 of the task's time, so that a second pair still fits with
 # another_pair_fits' slack (1.25 × 0.4 ≤ 0.6) and two seeds give the difference an error.
 PUBLISHED_TRAIN_SHARE, PUBLISHED_SCORE_SHARE = 0.15, 0.05
+# Where the time left holds not one pair at the measured pace (a loaded machine, a tiny budget),
+# the pre-trained side trains and scores for these shares of it, and the random side takes as long.
+CLOCKED_TRAIN_SHARE, CLOCKED_SCORE_SHARE = 0.3, 0.1
 # The paper's batch of 32 leaves a dozen updates of GPT-1 in a CPU's minutes; 8 gives four times as many.
 PUBLISHED_BATCH_SIZE = 8
 
@@ -225,6 +228,13 @@ def _power_plan(task: DemoTask, seconds: float, pace: float, seeds: int | None, 
         f"(expected margin {expected_margin(size, expected, examples):.1f})",
         flush=True,
     )
+    if costs[size] > seconds:  # not one pair at this pace: one, trained and scored by the clock
+        print(
+            "    (not one pair at that pace: one, its training and scoring bounded by the clock)", flush=True
+        )
+        return PairPlan(
+            size, 1, time.time() + seconds, CLOCKED_TRAIN_SHARE * seconds, CLOCKED_SCORE_SHARE * seconds
+        )
     return PairPlan(size, seeds or MAX_SEEDS, time.time() + seconds)
 
 
