@@ -1,5 +1,6 @@
-"""fp16 training: the fused loss's gradients under fp16 autocast, dynamic loss scaling in the loop
-(an overflow skips exactly its update and halves the scale), and its exact resume."""
+"""fp16: the fused loss's gradients under fp16 autocast, dynamic loss scaling in the loop (an
+overflow skips exactly its update and halves the scale, on every FSDP2 rank), its exact resume, the
+command on this CPU, and fp16 weights for inference."""
 
 from __future__ import annotations
 
