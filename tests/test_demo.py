@@ -507,3 +507,37 @@ def test_where_not_one_pair_fits_at_the_measured_pace_the_one_pair_is_bounded_by
     )
     assert (loaded.train_seconds, loaded.score_seconds) == pytest.approx((9.0, 3.0))
     assert "bounded by the clock" in capsys.readouterr().out
+
+
+def test_the_summary_says_in_one_line_a_task_whether_the_papers_direction_is_established():
+    from gptkit.demo.report import headline, seed_table
+
+    runs = [
+        {
+            "seed": 1337,
+            "updates": 64,
+            "pretrained": 0.61,
+            "from_scratch": 0.509,
+            "one_answer": {"from_scratch": "1"},
+        }
+    ]
+    task = {
+        "seeds": 3,
+        "examples": 872,
+        "difference": 0.092,
+        "stderr": 0.017,
+        "threshold": 4.27,
+        "per_seed": runs,
+    }
+    line = headline("sst2", task | {"clears_threshold": True})
+    # The threshold in standard errors and in accuracy: 4.27 × 0.017 = 0.073.
+    assert "+0.092 ± 0.017 (threshold 4.3 s.e. = 0.073) over 3 seeds and 872 examples" in line
+    assert line.endswith("established: pre-training helps here, as the paper found")
+    assert "not established: within the noise" in headline("sst2", task | {"clears_threshold": False})
+    other_way = task | {"difference": -0.092, "clears_threshold": True}
+    assert "established the other way" in headline("sst2", other_way)
+    one = headline("sst2", task | {"seeds": 1, "stderr": None, "threshold": None, "clears_threshold": None})
+    assert "±" not in one and "one seed a side cannot tell" in one
+    # Below: a row a seed, with its difference and the side that gave one answer everywhere.
+    row = seed_table({"sst2": task})[1].split()
+    assert row[:6] == ["sst2", "1337", "64", "0.610", "0.509", "+0.101"] and "scratch '1'" in " ".join(row)

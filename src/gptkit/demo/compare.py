@@ -20,7 +20,7 @@ import numpy as np
 from gptkit.data.metrics import seed_paired_difference
 from gptkit.data.registry import read_dataset
 from gptkit.demo.plan import RunSize, another_pair_fits
-from gptkit.demo.report import difference_sentence
+from gptkit.demo.report import SIDE_NAMES, difference_sentence
 from gptkit.demo.tasks import DemoTask, constant_answer, majority_share
 from gptkit.evaluate.finetuned import correct_per_example
 from gptkit.hardware import resolve_precision
@@ -31,7 +31,6 @@ from gptkit.train.run import ModelShape
 from gptkit.train.rundir import RunDir
 
 SIDES = ("pretrained", "from_scratch")
-SIDE_NAMES = {"pretrained": "pre-trained", "from_scratch": "from scratch"}
 FIRST_SEED = 1337  # TrainConfig's default seed; seed i of a side is FIRST_SEED + i
 SCORE_CHUNK = 32  # report examples scored between looks at the clock
 QUICK_DEV_EXAMPLES = 64  # --quick: the dev examples a run evaluates itself on

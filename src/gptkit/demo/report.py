@@ -3,6 +3,8 @@ threshold, and whether the paper's direction is established here), then a table 
 
 from __future__ import annotations
 
+SIDE_NAMES = {"pretrained": "pre-trained", "from_scratch": "from scratch"}
+
 
 def verdict(result: dict) -> str:
     """Whether pre-training's advantage is established by ``result`` (a task's comparison)."""
@@ -56,7 +58,10 @@ def seed_table(tasks: dict[str, dict]) -> list[str]:
     ]
     for name, result in tasks.items():
         for run in result["per_seed"]:
-            mark = "  one answer: " + ", ".join(run["one_answer"]) if run.get("one_answer") else ""
+            answered = ", ".join(
+                f"{SIDE_NAMES[side]} {answer!r}" for side, answer in run.get("one_answer", {}).items()
+            )
+            mark = f"  one answer everywhere: {answered}" if answered else ""
             lines.append(
                 f"  {name:<12} {run['seed']:>5} {run['updates']:>8} {run['pretrained']:>12.3f} "
                 f"{run['from_scratch']:>13.3f} {run['pretrained'] - run['from_scratch']:>+11.3f}{mark}"
