@@ -4,6 +4,8 @@ statistics are the model's own N(0, 0.02) and a seeded run is reproducible)."""
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -18,9 +20,14 @@ from tests.serve_schema import free_port
 CONFIG = GPTConfig(vocab_size=37, context_length=16, n_layer=2, n_head=2, d_model=8)
 
 
-def sharded_then_gathered(rank: int, world_size: int, port: int, config: GPTConfig, offload: bool, results):
+def sharded_then_gathered(
+    rank: int, world_size: int, port: int, config: GPTConfig, offload: bool, init: str | None, results
+):
+    """New weights of ``config``, or pre-training's build of ``init``'s weights (a model folder)."""
     from gptkit.train.distributed import full_model_state_dict, init_distributed, shutdown_distributed
     from gptkit.train.meta_init import build_sharded
+    from gptkit.train.pretrain import build_wrapped
+    from gptkit.train.run import ModelShape
 
     torchrun_environment(rank, world_size, port)
     torch.set_num_threads(1)
@@ -28,7 +35,13 @@ def sharded_then_gathered(rank: int, world_size: int, port: int, config: GPTConf
     try:
         torch.manual_seed(0)
         train = TrainConfig(max_steps=1, fsdp=True, fsdp_offload=offload)
-        model, wrapped = build_sharded(lambda: GPT(config), ctx, train)
+        if init is None:
+            model, wrapped = build_sharded(lambda: GPT(config), ctx, train)
+        else:
+            # The ordinary way loads the whole model in every process first: here it must not run.
+            whole = AssertionError("the whole model was loaded")
+            with mock.patch.object(GPT, "from_pretrained", side_effect=whole):
+                model, wrapped = build_wrapped(ModelShape(init=init), config.vocab_size, ctx, train)
         next_draws = torch.rand(4)  # the generator left where the ordinary build leaves it
         held = sum(p.to_local().numel() for p in model.parameters())
         state = full_model_state_dict(wrapped, ctx)
@@ -40,10 +53,11 @@ def sharded_then_gathered(rank: int, world_size: int, port: int, config: GPTConf
         shutdown_distributed()
 
 
-def run_two_processes(config: GPTConfig, offload: bool = False) -> dict:
+def run_two_processes(config: GPTConfig, offload: bool = False, init: str | None = None) -> dict:
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(sharded_then_gathered, args=(2, free_port(), config, offload, results), nprocs=2, join=True)
+        args = (2, free_port(), config, offload, init, results)
+        mp.spawn(sharded_then_gathered, args=args, nprocs=2, join=True)
         return dict(results)
 
 
@@ -89,3 +103,16 @@ def test_meta_init_statistics_are_the_models_init_and_reproducible():
     residual = torch.cat([first[f"h.{i}.mlp.c_proj.weight"].flatten() for i in range(2)])
     assert residual.std().item() == pytest.approx(0.02 / (2 * 2) ** 0.5, rel=0.05)
     assert torch.equal(first["h.0.ln_1.weight"], torch.ones(64)) and not first["h.1.attn.c_attn.bias"].any()
+
+
+@pytest.mark.slow
+def test_loaded_weights_are_sharded_from_the_file(tmp_path):
+    """--init under FSDP2: each process reads the file's tensors one at a time and keeps its rows."""
+    torch.manual_seed(3)
+    saved = GPT(CONFIG)
+    saved.save_pretrained(tmp_path / "model")
+    got = run_two_processes(CONFIG, init=str(tmp_path / "model"))
+    state = got[0]["state"]
+    assert state.keys() == saved.state_dict().keys()
+    assert all(torch.equal(state[k], v) for k, v in saved.state_dict().items())
+    assert max(got[0]["held"], got[1]["held"]) < 0.6 * sum(p.numel() for p in saved.parameters())

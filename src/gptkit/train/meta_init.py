@@ -111,22 +111,33 @@ def dim0_shard(full: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     return chunks[rank] if rank < len(chunks) else full[:0]
 
 
-def meta_init_applies(train: TrainConfig, ctx: DistributedContext, loads_weights: bool) -> bool:
-    """Whether the model is built on the meta device: FSDP2 over several processes, new weights."""
-    return train.fsdp and ctx.is_distributed and not loads_weights
+def meta_init_applies(train: TrainConfig, ctx: DistributedContext) -> bool:
+    """Whether the model is built on the meta device: FSDP2 over several processes."""
+    return train.fsdp and ctx.is_distributed
 
 
 def build_sharded(
-    build: Callable[[], nn.Module], ctx: DistributedContext, train: TrainConfig
+    build: Callable[[], nn.Module],
+    ctx: DistributedContext,
+    train: TrainConfig,
+    loaded: dict[str, torch.Tensor] | None = None,
+    source: str = "loaded weights",
 ) -> tuple[nn.Module, nn.Module]:
     """``build()``'s model, sharded by FSDP2 (:func:`wrap_model`) without ever being whole here:
-    (the model, the wrapped model). The generator is drawn from exactly as ``build()`` on the CPU."""
+    (the model, the wrapped model). Its values are ``loaded``'s (parameter name -> whole tensor,
+    read one at a time: a file's mapped tensors), else ``build()``'s own init, the generator
+    drawn from exactly as ``build()`` on the CPU."""
     recorder = _RecordInit()
     with torch.device("meta"), recorder:
         model = build()
     after_build = torch.get_rng_state()
+    if loaded is not None:
+        _check_loaded(model, loaded, source)
+        names = {id(param): name for name, param in model.named_parameters()}
     where = {  # a parameter's module and name outlive the parameter, which fully_shard replaces
-        (id(module), name): recorder.calls[id(param)]
+        (id(module), name): _LoadedTensor(loaded, names[id(param)])
+        if loaded is not None
+        else recorder.calls[id(param)]
         for module in model.modules()
         for name, param in module._parameters.items()
         if param is not None
@@ -159,7 +170,8 @@ def build_sharded(
                 f"{tuple(rows.shape)} of FSDP2's dim-0 chunks of {tuple(tensor.shape)}"
             )
         local.copy_(rows)
-        to_come[full.numel() * full.element_size()] -= 1
+        del full, rows
+        to_come[tensor.numel() * tensor.element_size()] -= 1
         scratch.fit(max((size for size, n in to_come.items() if n > 0), default=0))
         return empty
 
@@ -171,6 +183,29 @@ def build_sharded(
         _restore_buffers(model)
     torch.set_rng_state(after_build)
     return model, wrapped
+
+
+@dataclass
+class _LoadedTensor:
+    """A parameter's whole value, read from loaded weights when its shard is made."""
+
+    state: dict[str, torch.Tensor]
+    name: str
+
+    def full_tensor(self, shape: torch.Size, dtype: torch.dtype, scratch: _Scratch) -> torch.Tensor:
+        return self.state.pop(self.name).to(dtype)  # dropped once copied: its pages leave memory
+
+
+def _check_loaded(model: nn.Module, loaded: dict[str, torch.Tensor], source: str) -> None:
+    """The loaded tensors are the model's parameters, name for name and shape for shape."""
+    expected = dict(model.named_parameters())
+    missing, unexpected = sorted(set(expected) - set(loaded)), sorted(set(loaded) - set(expected))
+    wrong = [n for n in set(expected) & set(loaded) if loaded[n].shape != expected[n].shape]
+    if missing or unexpected or wrong:
+        raise ValueError(
+            f"{source}: the parameters do not match the config: "
+            f"missing {missing[:8]}, unexpected {unexpected[:8]}, of another shape {sorted(wrong)[:8]}"
+        )
 
 
 def _restore_buffers(model: nn.Module) -> None:

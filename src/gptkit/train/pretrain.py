@@ -17,15 +17,24 @@ from gptkit.data.shards import TokenShard, check_shard_tokenizer
 from gptkit.data.windows import WindowSampler, eval_windows
 from gptkit.hardware import DEVICE_HELP
 from gptkit.io import atomic_write, write_json
-from gptkit.model.weights import CONFIG_NAME, SAFETENSORS_NAME, config_to_hf, read_state_dict, save_state_dict
+from gptkit.model import GPT
+from gptkit.model.weights import (
+    CONFIG_NAME,
+    SAFETENSORS_NAME,
+    config_to_hf,
+    read_pretrained,
+    read_state_dict,
+    save_state_dict,
+)
 from gptkit.tokenizer import Tokenizer
 from gptkit.train.checkpoint_export import write_model_files
 from gptkit.train.config import TrainConfig
-from gptkit.train.distributed import wrap_model
+from gptkit.train.distributed import DistributedContext, wrap_model
 from gptkit.train.loop import Trainer
 from gptkit.train.meta_init import build_sharded, meta_init_applies
 from gptkit.train.run import (
     ModelShape,
+    adapted,
     base_vocab_size,
     build_model,
     resume_latest,
@@ -87,6 +96,22 @@ def export_latest(trainer: Trainer) -> None:
         atomic_write(trainer.out_dir / name, lambda tmp, name=name: shutil.copyfile(latest / name, tmp))
 
 
+def build_wrapped(
+    shape: ModelShape, vocab_size: int, ctx: DistributedContext, train: TrainConfig
+) -> tuple[GPT, nn.Module]:
+    """The model (new, or ``shape.init``'s weights) and the model wrapped for this run. Under FSDP2
+    it is built on the meta device and each rank makes its own shards only, of the same values."""
+    if not meta_init_applies(train, ctx) or shape.random_init:
+        model = build_model(shape, vocab_size).to(ctx.device)
+        return model, wrap_model(model, ctx, train)
+    if not shape.init:
+        return build_sharded(lambda: build_model(shape, vocab_size), ctx, train)
+    weights = read_pretrained(shape.init)  # mapped from the file: each tensor read as its shard is made
+    return build_sharded(
+        lambda: adapted(GPT(weights.config), shape), ctx, train, weights.state, source=weights.origin
+    )
+
+
 def pretrain(config: PretrainConfig) -> dict[str, float]:
     """Pre-train a GPT on a prepared corpus; returns the last evaluation's metrics."""
     train = config.training
@@ -98,13 +123,7 @@ def pretrain(config: PretrainConfig) -> dict[str, float]:
         check_shard_tokenizer(config.data, meta)
         tokenizer = Tokenizer.from_pretrained(Path(config.data) / meta["tokenizer"])
         torch.manual_seed(train.seed)  # the same initial weights on every rank
-        vocab_size = base_vocab_size(tokenizer)
-        if meta_init_applies(train, ctx, loads_weights=bool(config.model.init)):
-            # FSDP2: each rank materialises its shards only, of the weights built below otherwise.
-            model, wrapped = build_sharded(lambda: build_model(config.model, vocab_size), ctx, train)
-        else:
-            model = build_model(config.model, vocab_size).to(ctx.device)
-            wrapped = wrap_model(model, ctx, train)
+        model, wrapped = build_wrapped(config.model, base_vocab_size(tokenizer), ctx, train)
         context_length = config.model.context_length or model.config.context_length
         torch.manual_seed(train.seed + ctx.rank)  # dropout differs across ranks
 

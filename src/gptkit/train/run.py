@@ -100,6 +100,12 @@ def build_model(shape: ModelShape, vocab_size: int) -> GPT:
     if shape.random_init:
         # Every format's config is read by the loader, so the weights are loaded and then replaced.
         model = GPT(model.config)
+    return adapted(model, shape)
+
+
+def adapted(model: GPT, shape: ModelShape) -> GPT:
+    """A model of loaded weights (``shape.init``) with ``shape``'s dropout; an override that
+    disagrees with its shape is an error (see :func:`build_model`)."""
     loaded = model.config
     for name, value in shape.overrides().items():
         if name == "dropout" or (name == "context_length" and value <= loaded.context_length):
