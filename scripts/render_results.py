@@ -35,6 +35,7 @@ AREAS = {
     "train_throughput": "Training",
     "time_to_quality": "Time to quality: pre-training for a budget of CPU minutes",
     "generate_throughput": "Decoding",
+    "generate_throughput_native": "Native decoding against the PyTorch layouts, under contention, and torch.compile",
     "generate_throughput_avx2": "Decoding, AVX2 emulated on the AVX-512 CPU",
     "generate_throughput_avx2_cpu": "Decoding on a CPU without AVX-512",
     "decode_products": "A decoding step's products, kernel by kernel",
@@ -120,12 +121,25 @@ METHODS = {
         ([measured](experiments.md#on-a-cpu-without-avx-512-what-the-gap-is-made-of)). The native
         step's AVX2 kernels are tested for their numbers on the AVX-512 machines (built with
         `-mavx2 -mfma`), not yet timed on such a CPU.""",
+    "generate_throughput_native": """
+        GPT-2 small, random weights, batch 1, greedy after a {prompt_tokens}-token prompt: gptkit's
+        native step against its PyTorch layouts (oneDNN-packed fp32 and bf16, FBGEMM int8: what runs
+        where the native kernels are not used), the two alternating, medians of {repeats} rounds with
+        each side's least and most in brackets; "on par" where those overlap. The bandwidth fraction
+        divides the bytes a step reads × tokens/s by a streaming read's bandwidth in the same run
+        ({memory_bandwidth_gb_s} GB/s). torch.compile's trial times the decoding steps alone after
+        the prompt (Inductor, freezing, a static KV cache; compiled in {torch_compile[compile_s]} s),
+        the three alternating. The contention rows run with a CPU-bound process busy on every core
+        ({new_tokens} new tokens for the d_model-64 model, a quarter of that for GPT-2 small), at the
+        thread counts `torch.set_num_threads` gives both sides. Load average
+        {load_average_before[1]:.1f} before the run; the host is shared
+        ([experiments.md](experiments.md#native-decoding-that-never-loses-2026-12-04)).""",
     "decode_products": """
         GPT-2 small's 49 matrices times one row (a decoding step's products), each kernel called
         matrix by matrix from Python, the kernels alternating, medians of {repeats}, {threads}
         threads: gptkit's native products against the kernels a user could pick at the same
-        precision. The fraction of the copy bandwidth ({memory_bandwidth_gb_s} GB/s in the same run)
-        each kernel reaches: {bandwidth_fraction_text}.""",
+        precision. The fraction of the {bandwidth_kind} bandwidth ({memory_bandwidth_gb_s} GB/s in
+        the same run) each kernel reaches: {bandwidth_fraction_text}.""",
     "serve_throughput": """
         `{setup[server]}`; {setup[clients]} asyncio clients each stream {setup[requests_per_client]}
         requests of {setup[new_tokens]} new tokens, against the same requests one at a time through
@@ -201,6 +215,10 @@ def number(value: float | None) -> str:
     return f"{value:.3g}" if abs(value) < 10 else f"{value:.1f}"
 
 
+def spread(values: list[float]) -> str:
+    return f"{number(values[0])}–{number(values[1])}"
+
+
 def hardware(record: dict) -> str:
     cpu = record.get("hardware", {}).get("cpu", {})
     isa = "AVX512-BF16" if cpu.get("avx512_bf16") else str(cpu.get("aten_capability", "?"))
@@ -233,8 +251,9 @@ def title(record: dict) -> str:
         return AREAS[name]
     # generate_throughput.py keeps generate_throughput_avx2 with --avx2, generate_throughput_avx2_cpu
     # on a CPU without AVX-512.
-    script = name.partition("_avx2")[0]
-    return f"{AREAS.get(name, name)} (`benchmarks/{script}.py{' --avx2' if name.endswith('_avx2') else ''}`)"
+    script = name.partition("_avx2")[0].removesuffix("_native")
+    flag = " --avx2" if name.endswith("_avx2") else " --only native" if name.endswith("_native") else ""
+    return f"{AREAS.get(name, name)} (`benchmarks/{script}.py{flag}`)"
 
 
 def table(record: dict) -> list[str]:
@@ -256,6 +275,10 @@ def table(record: dict) -> list[str]:
             continue
         ours = f"{number(row['ours'])} {unit}"
         ratio = f"**{row['ratio']:.2f}×**"
+        if row.get("ours_spread"):  # medians of rounds, each side's least and most beside it
+            ours += f" ({spread(row['ours_spread'])})"
+            peer = f"{number(row['peer_value'])} {unit} ({spread(row['peer_spread'])}; {row['peer']})"
+            ratio += " (on par: the spreads overlap)" if row.get("on_par") else ""
         if row.get("bound"):  # reached at the shortest budget: the time is at most, the ratio at least
             ours, ratio = f"≤ {ours}", f"≥ {ratio}"
         lines.append(f"| {row['what']} | {ours} | {peer} | {ratio} |")
@@ -272,6 +295,7 @@ def method(record: dict) -> list[str]:
     if "bandwidth_fraction" in record:  # decode_products: one phrase per kernel
         fractions = record["bandwidth_fraction"].items()
         record = {
+            "bandwidth_kind": "copy",  # records before 2026-12-04 divided by a copy's bandwidth
             **record,
             "bandwidth_fraction_text": "; ".join(f"{kernel} {value:.2f}" for kernel, value in fractions),
         }
@@ -349,14 +373,14 @@ def demo_table(record: dict) -> list[str]:
 
 
 def _updates_cell(task: dict) -> str:
-    """A demo task's updates a side: once where every seed took the same (with the run's size where
-    the record has it), else seed by seed."""
+    """A demo task's updates a side: once where every seed took the same (with the training examples
+    they were drawn from, where the record has them), else seed by seed."""
     updates = [run["updates"] for run in task.get("per_seed", [])]
     if not updates:
         return "—"
     if len(set(updates)) > 1:
         return ", ".join(map(str, updates))
-    size = f" ({task['train_examples']:,} examples × {task['epochs']})" if task.get("train_examples") else ""
+    size = f" of {task['train_examples']:,} examples" if task.get("train_examples") else ""
     return f"{updates[0]}{size}"
 
 
