@@ -327,7 +327,7 @@ def test_every_help_page_works_and_documents_every_flag(capsys):
         main(["pretrain", "--help"])
     page = " ".join(capsys.readouterr().out.split())
     assert "Maximum learning rate. (default: 0.00025)" in page and "(default: cosine)" in page
-    assert "--precision {auto,fp32,bf16,float32,bfloat16}" in page and "--time-budget" in page
+    assert "--precision {auto,fp32,bf16,fp16,float32,bfloat16,float16}" in page and "--time-budget" in page
 
 
 @pytest.mark.slow
