@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -472,8 +473,11 @@ def test_the_demos_set_up_installs_its_extras_alone_and_nothing_where_the_dev_se
     venv = tmp_path / "venv"
 
     def make(*args: str) -> str:
+        # Without the variables of a make that runs this suite (`make test`), whose sub-make would
+        # print its directories.
+        env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
         done = subprocess.run(
-            ["make", f"VENV={venv}", *args], cwd=tmp_path, capture_output=True, text=True, timeout=60
+            ["make", f"VENV={venv}", *args], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env
         )
         assert done.returncode == 0, done.stderr
         return done.stdout
