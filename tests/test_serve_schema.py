@@ -121,9 +121,8 @@ def test_kill_9_mid_stream_ends_every_stream_with_an_error_and_a_restart_answers
             iterator = iter(chunks)
             next(iterator)  # the stream is flowing
             started.wait()
-            for _ in iterator:
-                pass
-            ended.append(("finished", time.monotonic()))
+            reasons = [chunk.choices[0].finish_reason for chunk in iterator if chunk.choices]
+            ended.append(("finished" if "length" in reasons else "ended early", time.monotonic()))
         except Exception as e:  # what the client raises for a connection cut mid-stream
             ended.append((type(e).__name__, time.monotonic()))
 
@@ -139,8 +138,12 @@ def test_kill_9_mid_stream_ends_every_stream_with_an_error_and_a_restart_answers
     for thread in threads:
         thread.join(timeout=10)
     assert len(ended) == streams, f"{streams - len(ended)} stream(s) still waiting 10 s after the kill"
-    assert all(kind != "finished" for kind, _ in ended), ended
-    assert max(at - killed for _, at in ended) < 5, ended
+    # A stream whose 8,000 tokens were all generated while the last one waited for its first (a
+    # loaded machine) was whole before the kill; every other one ends with an error, none cut short
+    # as if complete, and most streams were in flight.
+    cut = [(kind, at) for kind, at in ended if kind != "finished"]
+    assert len(cut) > streams // 2 and all(kind != "ended early" for kind, _ in cut), ended
+    assert max(at - killed for _, at in cut) < 5, ended
     again = ServerProcess(args, tmp_path / "server.log")  # the same port, at once
     try:
         again.wait_ready(base, timeout=60)
