@@ -149,3 +149,50 @@ def test_the_shards_index_unpickles_nothing_but_dcp_records(tmp_path):
     (tmp_path / ".metadata").write_bytes(pickle.dumps(_Hostile()))
     with pytest.raises(ValueError, match=r"\.metadata: not the index of a sharded checkpoint.*refusing"):
         read_model_state(tmp_path)
+
+
+def test_a_dotted_name_through_an_allowed_module_is_refused(tmp_path):
+    """Pickle resolves a dotted name attribute by attribute: ``os.getpid`` reached through a DCP
+    module that imports os must be refused like ``os.getpid`` itself."""
+
+    def text(value: str) -> bytes:
+        return b"\x8c" + bytes([len(value)]) + value.encode()  # SHORT_BINUNICODE
+
+    crafted = (
+        b"\x80\x04" + text("torch.distributed.checkpoint.metadata") + text("os.getpid")
+        + b"\x93" + b")" + b"R" + b"."  # STACK_GLOBAL, EMPTY_TUPLE, REDUCE, STOP
+    )  # fmt: skip
+    assert pickle.loads(crafted) == os.getpid()  # what an unchecked unpickler would run
+    (tmp_path / ".metadata").write_bytes(crafted)
+    with pytest.raises(
+        ValueError, match=r"refusing to load torch\.distributed\.checkpoint\.metadata\.os\.getpid"
+    ):
+        read_model_state(tmp_path)
+
+
+class _RunsOnLoad:
+    def __reduce__(self):
+        return (os.getpid, ())
+
+
+def test_the_shards_plain_values_are_read_weights_only(tmp_path):
+    """A shard's non-tensor values (the optimizer's settings) are unpickled by DCP's own planner
+    with weights_only=False: a crafted shard would run code on --resume. gptkit's planner refuses."""
+    import torch.distributed.checkpoint as dcp
+
+    from gptkit.train.sharded_checkpoint import CheckedReader, load_state
+
+    saved = {"optimizer": {"lr": _RunsOnLoad(), "eps": 1e-8, "betas": (0.9, 0.95)}}
+    with pytest.warns(UserWarning):  # one process, no group: DCP says it assumes so
+        dcp.save(saved, storage_writer=dcp.FileSystemWriter(tmp_path), no_dist=True)
+    unchecked = {"optimizer": {"lr": 0.0, "eps": 0.0, "betas": (0.0, 0.0)}}
+    dcp.load(unchecked, storage_reader=CheckedReader(tmp_path), no_dist=True)
+    assert unchecked["optimizer"]["lr"] == os.getpid()  # DCP's planner ran the pickled call
+    checked = {"optimizer": {"lr": 0.0, "eps": 0.0, "betas": (0.0, 0.0)}}
+    with pytest.raises(
+        ValueError, match=r"a shard could not be read \(UnpicklingError: Weights only load failed"
+    ):
+        load_state(checked, tmp_path)
+    plain = {"optimizer": {"eps": 0.0, "betas": (0.0, 0.0)}}  # plain values load as they were
+    load_state(plain, tmp_path)
+    assert plain["optimizer"] == {"eps": 1e-8, "betas": (0.9, 0.95)}

@@ -72,7 +72,9 @@ def checkpoint_model_state(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 def write_model_files(checkpoint: Path, out: Path) -> None:
     """``checkpoint``'s model as ``config.json`` + ``model.safetensors`` in ``out``: written into a
-    hidden folder of ``out`` first, then each file renamed into place (nothing half-written)."""
+    hidden folder of ``out`` first, then each file renamed into place (nothing half-written), the
+    config last: a stop between the two renames leaves the folder's former config, which a loader
+    checks the new weights against (a shape that differs is an error naming the file)."""
     config_path = checkpoint / CONFIG_NAME
     config = config_from_hf(read_json(config_path), str(config_path))
     state = checkpoint_model_state(checkpoint)
@@ -80,7 +82,7 @@ def write_model_files(checkpoint: Path, out: Path) -> None:
     staging = Path(tempfile.mkdtemp(prefix=".export-", suffix=".tmp", dir=out))
     try:
         save_state_dict(config, state, staging)
-        for path in staging.iterdir():
+        for path in sorted(staging.iterdir(), key=lambda path: path.name == CONFIG_NAME):
             os.replace(path, out / path.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -269,11 +269,14 @@ def verify_manifest(directory: Path, share: tuple[int, int] = (0, 1)) -> str | N
     index, count = share
     for i, (name, expected) in enumerate(sorted(files.items())):
         path = directory / name
-        if not path.is_file():
-            return f"{name} missing"
-        size = path.stat().st_size
-        if size != expected["bytes"]:
-            return f"{name} has {size} bytes, not {expected['bytes']}"
-        if i % count == index and file_sha256(path) != expected["sha256"]:
-            return f"{name} does not match its checksum"
+        try:  # a file that cannot be read is a problem to report, on every process alike
+            if not path.is_file():
+                return f"{name} missing"
+            size = path.stat().st_size
+            if size != expected["bytes"]:
+                return f"{name} has {size} bytes, not {expected['bytes']}"
+            if i % count == index and file_sha256(path) != expected["sha256"]:
+                return f"{name} does not match its checksum"
+        except OSError as e:
+            return f"{name} unreadable ({e.strerror or e})"
     return None

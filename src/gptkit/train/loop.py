@@ -421,7 +421,8 @@ class Trainer:
                 "step": self.step,
                 "loss": loss,
                 "lr": self.optimizers[0].param_groups[0]["lr"],
-                "grad_norm": grad_norm,
+                # An update fp16's scaler skipped has an infinite norm: null, as strict JSON has it.
+                "grad_norm": grad_norm if math.isfinite(grad_norm) else None,
                 "tokens_per_s": tokens_per_s,
                 "tokens_seen": self.tokens_seen,
             }

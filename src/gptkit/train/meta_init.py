@@ -150,6 +150,7 @@ def build_sharded(
         if param is not None
     }
     # The shards live where FSDP2 keeps them: on the host with CPU offload, else on the device.
+    # Buffers are not offloaded: FSDP2 keeps them on the device, where the forward pass reads them.
     device = torch.device("cpu") if train.fsdp_offload else ctx.device
     scratch = recorder.scratch
     to_come = Counter(p.numel() * p.element_size() for p in model.parameters())
@@ -157,10 +158,10 @@ def build_sharded(
     def materialised(tensor: torch.Tensor) -> torch.Tensor:
         """``tensor``'s memory on ``device`` (as ``to_empty`` makes it), filled with this rank's
         rows of the ordinary build's values: one whole parameter at a time."""
-        empty = torch.empty_like(tensor, device=device)
         call = calls.get(id(tensor))
-        if call is None:  # a buffer: computed below
-            return empty
+        if call is None:  # a buffer: computed below, on the processes' device
+            return torch.empty_like(tensor, device=ctx.device)
+        empty = torch.empty_like(tensor, device=device)
         local = empty.to_local() if hasattr(empty, "to_local") else empty
         full = call.full_tensor(tensor.shape, tensor.dtype, scratch)
         rows = dim0_shard(full, ctx.rank, ctx.world_size)

@@ -57,16 +57,30 @@ def save_shards(
 def load_shards(directory: Path, model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> None:
     """Read ``directory``'s shards into ``model`` and ``optimizers`` as they are laid out now:
     sharded by FSDP2 over any number of processes, or whole in one process."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     module = unwrap(model)
     model_state, optim_state = get_state_dict(module, optimizers)  # the layout to read into
     state = {MODEL_KEY: model_state, OPTIMIZER_KEY: optim_state}
-    dcp.load(state, storage_reader=CheckedReader(directory))
+    load_state(state, directory)
     set_state_dict(
         module, optimizers, model_state_dict=state[MODEL_KEY], optim_state_dict=state[OPTIMIZER_KEY]
     )
+
+
+def load_state(state: dict, directory: Path) -> None:
+    """Fill ``state`` (DCP's nested layout) from ``directory``'s shards: the index and the plain
+    values unpickled safely; a shard that cannot be read is one error naming the folder."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        dcp.load(state, storage_reader=CheckedReader(directory), planner=weights_only_planner())
+    except CheckpointException as e:  # each process's failure, with its traceback in the message
+        cause = next(iter(e.failures.values()), e)  # (the exception, its frames) for each process
+        cause = cause[0] if isinstance(cause, tuple) else cause
+        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        raise ValueError(f"{directory}: a shard could not be read ({type(cause).__name__}: {first})") from e
 
 
 def read_model_state(directory: Path) -> dict[str, torch.Tensor]:
@@ -89,10 +103,21 @@ def read_model_state(directory: Path) -> dict[str, torch.Tensor]:
 
 
 # DCP's index is a pickle. It is read through an unpickler that builds DCP's own metadata records
-# and nothing else, so a damaged or hostile file cannot run code: the shards themselves are read
-# with torch.load(weights_only=True) by DCP.
-_ALLOWED_MODULES = ("torch.distributed.checkpoint.",)
+# and nothing else, so a damaged or hostile file cannot run code. Names are matched whole: pickle
+# resolves a dotted name attribute by attribute, so a module's prefix would let through whatever
+# that module imported (``os.system`` from any module that imports os). The shards' tensors are
+# read by DCP; their other values (the optimizer's settings) by :class:`_WeightsOnlyPlanner`.
+_DCP_METADATA = "torch.distributed.checkpoint.metadata"
 _ALLOWED = {
+    (_DCP_METADATA, "Metadata"),
+    (_DCP_METADATA, "MetadataIndex"),
+    (_DCP_METADATA, "StorageMeta"),
+    (_DCP_METADATA, "TensorProperties"),
+    (_DCP_METADATA, "TensorStorageMetadata"),
+    (_DCP_METADATA, "BytesStorageMetadata"),
+    (_DCP_METADATA, "ChunkStorageMetadata"),
+    (_DCP_METADATA, "_MEM_FORMAT_ENCODING"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("torch", "Size"),
     ("torch.serialization", "_get_layout"),  # a layout by its name, as torch.load(weights_only) allows
     ("collections", "OrderedDict"),
@@ -103,7 +128,7 @@ _ALLOWED = {
 
 class _MetadataUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str):
-        if module.startswith(_ALLOWED_MODULES) or (module, name) in _ALLOWED:
+        if (module, name) in _ALLOWED:
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
@@ -138,6 +163,37 @@ def _checked_reader_class():
             return metadata
 
     return _CheckedReader
+
+
+@functools.cache
+def _weights_only_planner_class():
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    try:  # private: where DCP's own planner puts a value back in the nested state
+        from torch.distributed.checkpoint._traverse import set_element
+    except ImportError:
+        raise ImportError(
+            f"sharded checkpoints need torch.distributed.checkpoint._traverse.set_element, which torch "
+            f"{torch.__version__} does not have: install the torch version gptkit's pyproject.toml names"
+        ) from None
+
+    class _WeightsOnlyPlanner(DefaultLoadPlanner):
+        """DCP's load planner, reading the shards' non-tensor values (the optimizer's learning rate,
+        betas, ...) with ``torch.load(weights_only=True)``: DCP's own unpickles them whole."""
+
+        def load_bytes(self, read_item, value) -> None:
+            loaded = torch.load(value, weights_only=True)
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = loaded
+
+    return _WeightsOnlyPlanner
+
+
+def weights_only_planner():
+    """A load planner that unpickles nothing but plain values and tensors."""
+    return _weights_only_planner_class()()
 
 
 def CheckedReader(directory: Path):  # noqa: N802 (a class, made on first use: DCP is a heavy import)
