@@ -121,7 +121,8 @@ fi
 
 # What only a GPU can check (scripts/gpu_checks.py): selective checkpointing's gradients against the
 # unchecked run's with dropout through fused attention, fp16 training with loss scaling, and on 2 or
-# more GPUs a sharded (DCP) checkpoint saved on all of them and resumed on half.
+# more GPUs a sharded (DCP) checkpoint saved on all of them and resumed on half, and `gptkit
+# estimate`'s device peak against max_memory_allocated under FSDP2 with and without CPU offload.
 echo "== gpu_checks" >&2
 if "$python" scripts/gpu_checks.py >"$out/gpu_checks.out"; then
     tail -n 1 "$out/gpu_checks.out" | tee -a "$out/all.jsonl"

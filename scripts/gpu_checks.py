@@ -9,7 +9,8 @@ and what it measured. Exit status 1 when a check failed, 2 without a CUDA device
     python scripts/gpu_checks.py [--only NAME ...] [--device cuda]
 
 ``--device cpu`` runs the same checks on the CPU (several processes over gloo), where they say
-less (attention with dropout is unfused there) but show that the script itself works.
+less (attention with dropout is unfused there; no device peak to compare the estimate with) but
+show that the script itself works.
 """
 
 from __future__ import annotations
@@ -151,7 +152,72 @@ def check_sharded_checkpoint_resume() -> dict:
             "largest_loss_difference": difference}  # fmt: skip
 
 
+def _offload_simulation(devices: int, offload: bool):
+    """GPT-2 small pre-training under FSDP2 (optionally offloaded), 4 sequences of 512 a device."""
+    from gptkit.train.config import TrainConfig
+    from gptkit.train.estimate import EstimateOptions, PretrainEstimateConfig, pretrain_simulation
+    from gptkit.train.run import ModelShape
+
+    train = TrainConfig(
+        batch_size=4 * devices, precision="bf16", fsdp=True, fsdp_offload=offload, max_steps=2
+    )
+    options = EstimateOptions(devices=devices, target="gpu")
+    shape = ModelShape(preset="gpt2", context_length=512)
+    return pretrain_simulation(PretrainEstimateConfig(model=shape, training=train, estimate=options))
+
+
+def offload_worker(offload: bool) -> None:
+    """One torchrun process: two real FSDP2 updates of :func:`_offload_simulation`'s run; rank 0
+    prints the device's peak (max_memory_allocated above what the process held before)."""
+    from gptkit.train.distributed import init_distributed, shutdown_distributed
+    from gptkit.train.simulation import build_trainer
+
+    ctx = init_distributed(DEVICE)
+    simulation = _offload_simulation(ctx.world_size, offload)
+    before = torch.cuda.memory_allocated() if DEVICE == "cuda" else 0
+    torch.manual_seed(ctx.rank)
+    batch = simulation.make_batch(4)
+    with tempfile.TemporaryDirectory() as out, torch.device(ctx.device):
+        trainer = build_trainer(simulation, ctx, 4, out)
+        for _ in range(2):
+            trainer.compute_gradients(batch)
+            trainer.apply_gradients()
+    peak = torch.cuda.max_memory_allocated() - before if DEVICE == "cuda" else None
+    if ctx.is_main:
+        print(json.dumps({"peak_bytes": peak}), flush=True)
+    shutdown_distributed()
+
+
+def check_estimate_with_offload() -> dict:
+    """`gptkit estimate --target gpu`'s device peak against max_memory_allocated of the same FSDP2
+    update on every GPU, with and without CPU offload (the offloaded states are the host's)."""
+    from gptkit.train.estimate import estimate
+
+    gpus = _device_count()
+    if gpus < 2:
+        return {"passed": None, "skipped": f"needs 2 or more GPUs, found {gpus}"}
+    measured = {}
+    for offload in (False, True):
+        launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}"]
+        worker = [__file__, "--device", DEVICE, "--offload-worker", "on" if offload else "off"]
+        done = subprocess.run([sys.executable, *launch, *worker], cwd=REPO, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"the offload worker exited {done.returncode}: {done.stderr[-1500:]}")
+        peak = json.loads(done.stdout.strip().splitlines()[-1])["peak_bytes"]
+        estimated = estimate(_offload_simulation(gpus, offload))
+        measured["offload" if offload else "no offload"] = {
+            "estimated_device_bytes": estimated.peak_bytes,
+            "estimated_host_bytes": estimated.host_bytes,
+            "measured_device_bytes": peak,
+            "ratio": None if not peak else round(estimated.peak_bytes / peak, 3),
+        }
+    ratios = [m["ratio"] for m in measured.values()]
+    passed = None if None in ratios else all(0.85 <= r <= 1.15 for r in ratios)
+    return {"passed": passed, "devices": gpus, "measured": measured}
+
+
 CHECKS: dict[str, Callable[[], dict]] = {
+    "estimate_with_offload": check_estimate_with_offload,
     "selective_checkpointing_with_dropout": check_selective_checkpointing_with_dropout,
     "fp16_training": check_fp16_training,
     "sharded_checkpoint_resume": check_sharded_checkpoint_resume,
@@ -164,9 +230,13 @@ def main() -> int:
     )
     parser.add_argument("--only", nargs="+", choices=sorted(CHECKS), help="Run these checks alone.")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="Where to check (cuda).")
+    parser.add_argument("--offload-worker", choices=("on", "off"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     global DEVICE
     DEVICE = args.device
+    if args.offload_worker:  # one of the processes check_estimate_with_offload starts
+        offload_worker(args.offload_worker == "on")
+        return 0
     if DEVICE == "cuda" and not torch.cuda.is_available():
         print(f"gpu_checks: no CUDA device (torch {torch.__version__})", file=sys.stderr)
         return 2
