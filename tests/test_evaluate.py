@@ -505,3 +505,16 @@ def test_zeroshot_over_a_run_scores_only_the_checkpoints_training_could_resume_f
         (checkpoints / f"step-{step:07d}" / "train_state.pt").unlink()
     with pytest.raises(FileNotFoundError, match=r"run/checkpoints: no complete step-\* checkpoints"):
         list(run_zeroshot(config))
+
+
+def test_seeds_that_agree_by_chance_keep_the_examples_error():
+    """Two seeds whose differences are equal (12 of 872 examples each, as a tiny run can give) and
+    whose per-example differences are unrelated: no spread across seeds and no shared example
+    effect, yet the average of two seeds still carries the examples' noise, at least
+    mean(s_i²)/N, by hand: the difference is not claimed on an error of 0."""
+    s = np.array([0.021, 0.023])  # each seed's paired error over its 872 examples
+    pooled = np.sqrt((s**2).sum()) / 2  # the two seeds' example noise independent: no shared effect
+    mean, stderr, threshold = seed_standard_error([0.014, 0.014], s, pooled, 872)
+    assert mean == pytest.approx(0.014)
+    assert stderr == pytest.approx(math.sqrt((s**2).mean() / 2))
+    assert threshold == pytest.approx(2.0) and mean < threshold * stderr

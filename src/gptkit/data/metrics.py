@@ -219,12 +219,14 @@ def seed_standard_error(
         E[P²]         = (σ_a² + σ_e²/N)/n
         so  σ_a²/n    = (N·P² − mean_i s_i²)/(N − 1)   in expectation, and
 
-        SE² = B + E,  B = Var_i(d_i)/N,  E = max(0, (N·P² − mean_i s_i²)/(N − 1)).
+        SE² = max(B + E, mean_i s_i²/N),  B = Var_i(d_i)/N,  E = max(0, (N·P² − mean_i s_i²)/(N − 1)).
 
     Without the max this is unbiased (for accuracy it is the two-way random-effects ANOVA's
     (MS_seeds + MS_examples − MS_residual)/(nN)); the max keeps a noisy estimate of σ_a²/n from
-    going below 0, so the error is never below the spread across seeds. Adding mean_i s_i² instead
-    of E would count σ_e² twice.
+    going below 0, so the error is never below the spread across seeds; and since Var(d̄) is at least
+    (σ_a² + σ_e²)/(nN), the examples' noise of the seeds' average, whose estimate is mean_i s_i²/N,
+    SE² never goes below that either (two seeds that agree by chance have no spread, and B + E
+    would then claim no error at all). Adding mean_i s_i² instead of E would count σ_e² twice.
 
     B rests on N − 1 degrees of freedom: with 3 seeds and training noise that dominates, ±2 SE
     covers the true difference only about 82% of the time. The threshold is Cochran and Cox's for a
@@ -249,10 +251,14 @@ def seed_standard_error(
         return mean, s[..., 0], np.full(mean.shape, max(2.0, over_examples))
     between = d.var(-1, ddof=1) / seeds
     shared = np.maximum(0.0, (seeds * pooled**2 - (s**2).mean(-1)) / (seeds - 1))
-    variance = between + shared
+    # Var(d̄) is never below the examples' noise of N seeds' average, (σ_a² + σ_e²)/(nN) = E[s_i²]/N:
+    # a floor for when a few seeds agree by chance (2 seeds with equal differences have no spread,
+    # and B + E alone would claim an error of 0). It rests on the examples' degrees of freedom.
+    # What the floor adds is examples' noise, weighed as such in the threshold.
+    variance = np.maximum(between + shared, (s**2).mean(-1) / seeds)
     over_seeds = float(t_quantile(0.975, seeds - 1))
     with np.errstate(divide="ignore", invalid="ignore"):
-        weighted = (between * over_seeds + shared * over_examples) / variance
+        weighted = (between * over_seeds + (variance - between) * over_examples) / variance
     # No spread at all (identical systems): no threshold to weigh; 2 keeps the table's rule.
     threshold = np.maximum(2.0, np.where(variance > 0, weighted, 2.0))
     return mean, np.sqrt(variance), threshold
