@@ -300,9 +300,7 @@ def native_product(matrix: native.Matrix, dtype: torch.dtype, x: torch.Tensor) -
         raise ValueError(f"input of {x.size(-1)} features for a matrix of {matrix.in_} inputs")
     rows = x.reshape(-1, x.size(-1)).float().contiguous()
     y = torch.empty(rows.size(0), matrix.out, dtype=torch.float32)
-    native.loaded().gptkit_product(
-        ctypes.byref(matrix), native.FORMATS[dtype], rows.data_ptr(), rows.size(0), y.data_ptr()
-    )
+    native.loaded().product(matrix, native.FORMATS[dtype], rows.data_ptr(), rows.size(0), y.data_ptr())
     return y.view(*x.shape[:-1], matrix.out)
 
 
@@ -431,6 +429,8 @@ class NativeStep:
             lnf_bias=None if final is None else fp32(final.bias),
         )
         self.library = native.loaded()
+        # Decoding steps this step has run (the tests' proof that a model decoded through it).
+        self.calls = 0
 
     def __deepcopy__(self, memo):
         # The step holds the addresses of the model's tensors: a copy would read the original's.
@@ -491,13 +491,14 @@ class NativeStep:
             mask=None if mask is None else mask.data_ptr(),
             x=x.data_ptr(),
         )
-        self.library.gptkit_decode_step(ctypes.byref(step))
+        self.library.decode_step(step)
+        self.calls += 1
         return x
 
     def products(self, rows: int = 1) -> None:
         """The step's block products alone, for ``rows`` rows (their results discarded): how long a
         step spends streaming its matrices, measured apart from what it spends around them."""
-        self.library.gptkit_step_products(ctypes.byref(native.Step(**self.sizes, rows=rows)))
+        self.library.step_products(native.Step(**self.sizes, rows=rows))
 
 
 def native_layout(model: GPT) -> GPT:
@@ -583,8 +584,9 @@ def decoding_layout(model: GPT) -> GPT:
     same values; sums in another order (fp32 logits agree to ~1e-6). Inference only, on a CPU.
 
     With gptkit's native kernels (:mod:`gptkit.native`, built on first use): :func:`native_layout`,
-    the weights where they are and every decoding step in one native call. Where they cannot be
-    built, PyTorch's layouts: fp32, and bf16 where the CPU multiplies it natively, with oneDNN: the
+    the weights where they are and every decoding step in one native call. Where they are not used
+    (not built, or without vector code and threads for this CPU; one warning says why), PyTorch's
+    layouts: fp32, and bf16 where the CPU multiplies it natively, with oneDNN: the
     blocks' Linears and the tied output layer prepacked (the lookup keeps its table, so the
     embedding is held twice). fp32 without oneDNN: the blocks' matrices transposed, the output
     layer and the lookup sharing one transposed copy of the embedding. bf16 without native bf16:

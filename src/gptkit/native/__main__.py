@@ -1,15 +1,24 @@
 """``python -m gptkit.native``: build the native decoding kernels for this machine now (``make setup``
-runs it), so that the first generation does not wait for the compiler. Where they cannot be built,
-it says so in one line and exits 0: decoding then uses PyTorch's kernels."""
+runs it), so that the first generation does not wait for the compiler, and say what was built and
+whether gptkit decodes with it. Where it does not (no compiler, no OpenMP, no vector code for this
+CPU), it says why in one line and exits 0: decoding then uses PyTorch's layouts."""
 
-import subprocess
+import warnings
 
-from gptkit.native import build
+from gptkit.native import report
 
 if __name__ == "__main__":
-    try:
-        print(f"gptkit: native decoding kernels at {build()}")
-    except (RuntimeError, OSError, subprocess.SubprocessError) as error:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the report says it, once
+        found = report()
+    if found.get("library"):
         print(
-            f"gptkit: the native decoding kernels could not be built ({error}); decoding uses PyTorch's kernels"
+            f"gptkit: native decoding kernels at {found['library']}: isa {found['isa']}, int8 {found['int8']}, "
+            f"OpenMP {found['openmp'] or 'none'}, flags {found['built_with']}, source {found['source']}"
         )
+    if found["used"]:
+        print(f"gptkit: decoding on a CPU uses them ({found['threads']} threads, torch.get_num_threads())")
+    elif not found["enabled"]:
+        print("gptkit: GPTKIT_NATIVE=0: decoding uses PyTorch's layouts")
+    else:
+        print(f"gptkit: decoding uses PyTorch's layouts: the native kernels were {found['unusable']}")

@@ -25,6 +25,8 @@
 #include <vector>
 
 #include <atomic>
+#include <chrono>
+#include <climits>
 #include <thread>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -32,6 +34,15 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#ifdef __linux__
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+// The interface's version: gptkit.native.ABI must equal it (a library of another is rebuilt).
+#define GPTKIT_ABI 2
 
 extern "C" {
 
@@ -281,10 +292,22 @@ void layer_norm(const float* x, float* y, int n, const float* gain, const float*
 }
 
 // ---------------------------------------------------------------------------------------------
-// Threads. A step runs in one OpenMP parallel region: each phase (a product's output rows,
-// attention's heads) is split between the threads by index, and a spinning barrier separates the
+// Threads. A step runs in one OpenMP parallel region of as many threads as the caller asks for
+// (gptkit passes torch.get_num_threads(): the calling thread's OpenMP setting is not PyTorch's in a
+// thread PyTorch never set up, such as a server's engine thread). Each phase (a product's output
+// rows, attention's heads) is split between the threads by index, and a barrier separates the
 // phases. A region per product would wake the other threads ~60 times a token; on the 2-core VMs
 // measured, those wake-ups together took about as long as all the work between the products.
+//
+// The barrier spins for a bounded time (a phase's wait is microseconds on an idle machine), then
+// sleeps in the kernel until the last thread arrives (a futex on Linux; short sleeps elsewhere).
+// A barrier that only spun (or yielded, which CFS honours weakly) took the core from the very
+// thread it waited for whenever the team outnumbered the free cores: 0.2× the PyTorch layouts'
+// speed with 4 threads and a competing process on 2 cores. How long to spin is learnt as the
+// barriers are waited at: a wait that outlasts the longest spin (a thread of the team descheduled
+// by another process) halves it, a sleep that spinning a little longer would have spared doubles it
+// (a sleeper woken is also scheduled at once, ahead of a busy competitor, where a spinner waits
+// for its turn).
 
 inline void pause() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -294,30 +317,84 @@ inline void pause() {
 #endif
 }
 
-constexpr int SPINS_BEFORE_YIELD = 20000;  // tens of microseconds of pause instructions
+// The longest a waiting thread spins before it sleeps; none when the team outnumbers the CPUs this
+// process may run on (the awaited thread then needs this core).
+constexpr int SPIN_NS = 20000;
+// How long a waiting thread spins now, in this process (learnt: see above).
+std::atomic<int> spin_ns{SPIN_NS};
+
+inline int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+int cpus_available() {
+#ifdef __linux__
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+#endif
+    const unsigned n = std::thread::hardware_concurrency();
+    return n ? int(n) : 1;
+}
+
+// Sleep while *word == seen (or until woken); wake every sleeper on word.
+inline void sleep_while(std::atomic<int>* word, int seen) {
+#ifdef __linux__
+    syscall(SYS_futex, reinterpret_cast<int*>(word), FUTEX_WAIT_PRIVATE, seen, nullptr, nullptr, 0);
+#else
+    if (word->load(std::memory_order_acquire) == seen) std::this_thread::sleep_for(std::chrono::microseconds(20));
+#endif
+}
+
+inline void wake_all(std::atomic<int>* word) {
+#ifdef __linux__
+    syscall(SYS_futex, reinterpret_cast<int*>(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+#else
+    (void)word;
+#endif
+}
+
+struct Barrier {
+    std::atomic<int> arrived{0}, generation{0}, sleepers{0};
+    bool spin = true;
+};
+
+// Threads of a team that have run (the last region's size, for the tests that check the team
+// follows torch.set_num_threads).
+std::atomic<int> last_team_size{0};
 
 struct Team {
     int thread = 0, threads = 1;
-    std::atomic<int>* arrived = nullptr;
-    std::atomic<int>* generation = nullptr;
+    Barrier* shared = nullptr;
 
     // Every thread waits here until all have arrived (and sees what they wrote before).
     void barrier() const {
         if (threads == 1) return;
-        const int seen = generation->load(std::memory_order_acquire);
-        if (arrived->fetch_add(1, std::memory_order_acq_rel) == threads - 1) {
-            arrived->store(0, std::memory_order_relaxed);
-            generation->fetch_add(1, std::memory_order_release);
-        } else {
-            // Spin (a phase's wait is microseconds), then yield the core: with more threads than
-            // cores free (other processes, two steps at once) the awaited thread needs it to run.
-            for (int spins = 0; generation->load(std::memory_order_acquire) == seen; ++spins) {
-                if (spins < SPINS_BEFORE_YIELD)
-                    pause();
-                else
-                    std::this_thread::yield();
-            }
+        std::atomic<int>& generation = shared->generation;
+        const int seen = generation.load(std::memory_order_acquire);
+        if (shared->arrived.fetch_add(1, std::memory_order_acq_rel) == threads - 1) {
+            shared->arrived.store(0, std::memory_order_relaxed);
+            generation.fetch_add(1, std::memory_order_seq_cst);
+            if (shared->sleepers.load(std::memory_order_seq_cst) > 0) wake_all(&generation);
+            return;
         }
+        const int64_t start = now_ns();
+        const int budget = shared->spin ? spin_ns.load(std::memory_order_relaxed) : 0;
+        for (int spins = 0; generation.load(std::memory_order_acquire) == seen; ++spins) {
+            pause();
+            if ((spins & 63) == 63 && now_ns() - start > budget) break;
+        }
+        if (generation.load(std::memory_order_acquire) != seen) return;
+        // Counted as a sleeper before the last look: the thread releasing the barrier either sees
+        // the count and wakes us, or released it before our look (seq_cst orders the two).
+        shared->sleepers.fetch_add(1, std::memory_order_seq_cst);
+        while (generation.load(std::memory_order_seq_cst) == seen) sleep_while(&generation, seen);
+        shared->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+        if (!shared->spin) return;
+        if (now_ns() - start > SPIN_NS)  // no spin would have caught it: spin less
+            spin_ns.store(budget / 2, std::memory_order_relaxed);
+        else  // a little more spinning would have: spin more
+            spin_ns.store(std::min(SPIN_NS, 2 * budget + 1000), std::memory_order_relaxed);
     }
 
     // This thread's contiguous band [begin, end) of `total` items.
@@ -328,19 +405,26 @@ struct Team {
     }
 };
 
-// Run body(team) on every thread of one parallel region (one thread without OpenMP).
+// Run body(team) on `threads` threads of one parallel region (one thread, no region, for 1 or
+// without OpenMP).
 template <typename Body>
-void in_team(Body body) {
-    std::atomic<int> arrived{0}, generation{0};
+void in_team(int threads, Body body) {
+    Barrier shared;
 #ifdef _OPENMP
-#pragma omp parallel
-    {
-        Team team{omp_get_thread_num(), omp_get_num_threads(), &arrived, &generation};
-        body(team);
+    if (threads > 1) {
+        static const int cpus = cpus_available();
+        shared.spin = threads <= cpus;
+#pragma omp parallel num_threads(threads)
+        {
+            Team team{omp_get_thread_num(), omp_get_num_threads(), &shared};
+            if (team.thread == 0) last_team_size.store(team.threads, std::memory_order_relaxed);
+            body(team);
+        }
+        return;
     }
-#else
-    body(Team{0, 1, &arrived, &generation});
 #endif
+    last_team_size.store(1, std::memory_order_relaxed);
+    body(Team{0, 1, &shared});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -437,11 +521,11 @@ struct QuantizedRows {
     std::vector<uint8_t> values;
     std::vector<Quantized> params;
 
-    void quantize(const float* x, int rows, int in) {
+    void quantize(const float* x, int rows, int in, int threads = 1) {
         values.resize(size_t(rows) * in);
         params.resize(rows);
         // A prompt's rows on every core (called by one thread of a step's team, a few rows: not).
-#pragma omp parallel for schedule(static) if (rows >= TILE)
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1 && rows >= TILE)
         for (int r = 0; r < rows; ++r) params[r] = quantize_row(x + size_t(r) * in, in, &values[size_t(r) * in]);
     }
 };
@@ -478,13 +562,13 @@ void product_int8(const Matrix& m, const QuantizedRows& x, int rows, float* y, E
 constexpr int ROW_BLOCK = 64;
 
 // Many rows (a prompt): two weight rows against TILE activation rows at a time.
-void product_int8_tiled(const Matrix& m, const QuantizedRows& x, int rows, float* y) {
+void product_int8_tiled(const Matrix& m, const QuantizedRows& x, int rows, float* y, int threads) {
     const int8_t* weight = static_cast<const int8_t*>(m.weight);
     const int out = m.out, in = m.in;
     const uint8_t* q = x.values.data();
     for (int first = 0; first < rows; first += ROW_BLOCK) {
         const int last = std::min(first + ROW_BLOCK, rows);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
         for (int pair = 0; pair < (out + 1) / 2; ++pair) {
             const int n0 = 2 * pair, n1 = std::min(n0 + 1, out - 1);  // an odd last row pairs with itself
             const int8_t* w[2] = {weight + size_t(n0) * in, weight + size_t(n1) * in};
@@ -604,10 +688,12 @@ void size_scratch(const Step& s, Scratch& scratch, int threads) {
     scratch.quantized.params.resize(rows);
 }
 
-int max_threads() {
+// The team a call runs on: the threads asked for (at least one), one without OpenMP.
+int team_size(int32_t threads) {
 #ifdef _OPENMP
-    return omp_get_max_threads();
+    return std::max(1, int(threads));
 #else
+    (void)threads;
     return 1;
 #endif
 }
@@ -628,20 +714,21 @@ int32_t gptkit_struct_sizes(int32_t which) {
 
 // One step: s.x holds h_0 of the new token of each row; on return h_n (after GPT-2's final
 // LayerNorm), with every layer's k and v of the new token written at position s.past of the cache.
-void gptkit_decode_step(const Step* step) {
+void gptkit_decode_step(const Step* step, int32_t threads) {
     const Step& s = *step;
+    threads = team_size(threads);
     // The calling thread's scratch, shared with the team by reference (inside the region the name
     // of a thread_local would be each thread's own).
     static thread_local Scratch own;
     Scratch& scratch = own;
-    size_scratch(s, scratch, max_threads());
+    size_scratch(s, scratch, threads);
     const int rows = s.rows, format = s.format;
     float* x = s.x;
     float* normed = scratch.normed.data();
     float* qkv = scratch.qkv.data();
     float* heads = scratch.heads.data();
     float* hidden = scratch.hidden.data();
-    in_team([&](const Team& team) {
+    in_team(threads, [&](const Team& team) {
         for (int l = 0; l < s.n_layer; ++l) {
             const Layer& layer = s.layers[l];
             if (s.pre_ln) {  // GPT-2: x + attn(LN(x)), then x + mlp(LN(x))
@@ -669,13 +756,14 @@ void gptkit_decode_step(const Step* step) {
 // The products of a step alone, as the step runs them, on constant activations (s.rows rows),
 // their results discarded: what a step spends streaming its matrices, for measuring what it
 // spends around them.
-void gptkit_step_products(const Step* step) {
+void gptkit_step_products(const Step* step, int32_t threads) {
     const Step& s = *step;
+    threads = team_size(threads);
     static thread_local Scratch own;
     Scratch& scratch = own;  // the caller's, shared with the team
-    size_scratch(s, scratch, max_threads());
+    size_scratch(s, scratch, threads);
     std::vector<float> input(scratch.hidden.size(), 0.5f), output(scratch.hidden.size());
-    in_team([&](const Team& team) {
+    in_team(threads, [&](const Team& team) {
         for (int l = 0; l < s.n_layer; ++l) {
             const Layer& layer = s.layers[l];
             for (const Matrix* m : {&layer.qkv, &layer.attn_out, &layer.fc, &layer.mlp_out})
@@ -686,17 +774,63 @@ void gptkit_step_products(const Step* step) {
 
 // y = x·Wᵀ + b for `rows` rows of x (rows, in) into y (rows, out), W in `format`: the output layer
 // of a step, and int8 matrices' products for any number of rows.
-void gptkit_product(const Matrix* m, int32_t format, const float* x, int32_t rows, float* y) {
+void gptkit_product(const Matrix* m, int32_t format, const float* x, int32_t rows, float* y, int32_t threads) {
+    threads = team_size(threads);
     static thread_local Scratch own;
     Scratch& scratch = own;  // the caller's, shared with the team
     if (format == INT8 && rows >= TILE) {
-        scratch.quantized.quantize(x, rows, m->in);
-        product_int8_tiled(*m, scratch.quantized, rows, y);
+        scratch.quantized.quantize(x, rows, m->in, threads);
+        product_int8_tiled(*m, scratch.quantized, rows, y, threads);
+        last_team_size.store(threads, std::memory_order_relaxed);
         return;
     }
     scratch.quantized.values.resize(size_t(rows) * m->in);
     scratch.quantized.params.resize(rows);
-    in_team([&](const Team& team) { team_product(team, format, *m, x, rows, y, STORE, scratch); });
+    in_team(threads, [&](const Team& team) { team_product(team, format, *m, x, rows, y, STORE, scratch); });
 }
+
+// The threads of the last team that ran (for the tests: the kernels follow the count asked for).
+int32_t gptkit_last_team_size() { return last_team_size.load(std::memory_order_relaxed); }
+
+// What this library was built with, as one line (also found in the file's bytes by gptkit.native,
+// which reads it before loading a cached library): its interface version, the source's hash and
+// the compiler flags (both passed in by the build), the vector code compiled in for fp32/bf16 and
+// for int8, and OpenMP's version (0: none, one thread).
+#ifndef GPTKIT_SOURCE_HASH
+#define GPTKIT_SOURCE_HASH "unknown"
+#endif
+#ifndef GPTKIT_FLAGS
+#define GPTKIT_FLAGS "unknown"
+#endif
+#define GPTKIT_STRINGIFY_(x) #x
+#define GPTKIT_STRINGIFY(x) GPTKIT_STRINGIFY_(x)
+#if defined(GPTKIT_FLOAT_VECTORS) && defined(__AVX512F__)
+#define GPTKIT_FLOAT_ISA "avx512"
+#elif defined(GPTKIT_FLOAT_VECTORS)
+#define GPTKIT_FLOAT_ISA "avx2"
+#else
+#define GPTKIT_FLOAT_ISA "generic"
+#endif
+#if defined(GPTKIT_INT_VECTORS) && defined(__AVX512VNNI__)
+#define GPTKIT_INT_ISA "avx512-vnni"
+#elif defined(GPTKIT_INT_VECTORS) && defined(__AVX512BW__)
+#define GPTKIT_INT_ISA "avx512bw"
+#elif defined(GPTKIT_INT_VECTORS) && defined(__AVXVNNI__)
+#define GPTKIT_INT_ISA "avx-vnni"
+#elif defined(GPTKIT_INT_VECTORS)
+#define GPTKIT_INT_ISA "avx2"
+#else
+#define GPTKIT_INT_ISA "generic"
+#endif
+#ifdef _OPENMP
+#define GPTKIT_OPENMP GPTKIT_STRINGIFY(_OPENMP)
+#else
+#define GPTKIT_OPENMP "0"
+#endif
+__attribute__((used)) const char gptkit_build_info_text[] =
+    "gptkit-native-build abi=" GPTKIT_STRINGIFY(GPTKIT_ABI) " source=" GPTKIT_SOURCE_HASH " isa=" GPTKIT_FLOAT_ISA
+    " int8=" GPTKIT_INT_ISA " openmp=" GPTKIT_OPENMP " flags=" GPTKIT_FLAGS;
+
+const char* gptkit_build_info() { return gptkit_build_info_text; }
 
 }  // extern "C"

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from gptkit import native
 from gptkit.serve.engine import EngineStopped, QueueFull
 
 logger = logging.getLogger("gptkit.serve")
@@ -117,6 +118,12 @@ class Batcher:
         # On timeout wait_for cancels the future: the loop then skips this request's inputs.
         return await asyncio.wait_for(future, timeout)
 
+    def _run_alone(self, items: list) -> Any:
+        """``run(items)`` holding gptkit.native.TEAM: one team of threads at a time on the cores, never
+        beside another batcher's forward pass or the engine's decoding step (which holds it too)."""
+        with native.TEAM:
+            return self.run(items)
+
     def _drop_abandoned(self) -> None:
         self._waiting = deque(entry for entry in self._waiting if not entry[0].future.done())
 
@@ -134,7 +141,7 @@ class Batcher:
             items = [job.items[i] for job, i in batch]
             self._running = batch  # stop() fails these if it cancels the loop during the forward
             try:
-                results = await loop.run_in_executor(self._executor, self.run, items)
+                results = await loop.run_in_executor(self._executor, self._run_alone, items)
                 if len(results) != len(items):
                     raise RuntimeError(f"{len(results)} results for {len(items)} inputs")
             except Exception:  # a bug or out of memory: this batch's requests fail, the loop goes on

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gptkit import native
 from gptkit.generation.incremental import IncrementalText
 from gptkit.generation.sampling import DecodeStep, SamplingParams
 from gptkit.model import GPT, KVCache
@@ -182,10 +183,13 @@ class Engine:
                         break
                     joining = self._take_waiting()
                 try:
-                    self._admit(joining)
-                    self._drop_ended()
-                    if self._running:
-                        self._step()
+                    # One team of threads at a time on the model's cores: not beside a batcher's
+                    # forward pass (gptkit.serve.batcher holds the same lock).
+                    with native.TEAM:
+                        self._admit(joining)
+                        self._drop_ended()
+                        if self._running:
+                            self._step()
                 except Exception:  # a bug or out of memory: end what runs, keep serving
                     logger.exception("decoding step failed")
                     for request in self._running:
