@@ -13,13 +13,22 @@ of a 512-token prompt; peak memory.
       step: fp32 against gptkit's fp32 decoding layout (ids checked equal), and ONNX Runtime's own
       int8 (`onnxruntime.quantization.quantize_dynamic` of that graph) against gptkit's int8 layout;
     - llama.cpp (llama-cpp-python, an optional extra that builds llama.cpp) on `gptkit export
-      --quantize f32|bf16|q8_0`: gptkit fp32 / bf16 / int8 beside llama.cpp f32 / bf16 / q8_0;
+      --quantize f32|bf16|q8_0`: gptkit fp32 / bf16 / int8 beside llama.cpp f32 / bf16 / q8_0, in a
+      process of its own (a crash there, as its AMX q8_0 product's on gptkit's files, skips its rows
+      naming the signal; on a CPU with AMX the q8_0 file loads with use_extra_bufts off, and says so);
     - time to first token of a 512-token prompt (the prefill), the same pairs;
     - peak resident memory of each runtime in a fresh process (load, the 512-token prompt, 8 new
       tokens), above what the process held after its imports.
     A runtime that is not installed gives skipped rows that say so.
 (b) GPT-1 shape: gptkit against OpenAIGPTLMHeadModel (which recomputes the sequence every step).
-Random weights (speed does not depend on them); the token ids are checked equal in fp32.
+Random weights (speed does not depend on them); the token ids are checked equal in fp32. Every row is
+the median of REPEATS (5) rounds, the sides alternating, with each side's spread (``ours_spread``,
+``peer_spread``) and ``on_par`` where the spreads overlap. Bandwidth fractions divide by a streaming
+read's bandwidth (a copy's undercounts what a read-only step can reach).
+`--only native`: the native step's rows alone, kept as generate_throughput_native: against the
+PyTorch layouts (tok/s, read-bandwidth fractions, the time outside the products); the same with a
+CPU-bound process busy on every core, at 1, 2 and 4 threads, for GPT-2 small and a d_model-64 model;
+and a trial of torch.compile (Inductor, freezing, a static KV cache) for the decoding step.
 bf16 weights are kept on CPUs without native bf16: decoding multiplies vectors by matrices, not the
 bf16 matrix products that crawl there, and half-size weights halve the memory read per token.
 A measurement running past common.TIME_LIMIT_S is reported as skipped. GPTKIT_BENCH_DEVICE=cuda (benchmarks/gpu.sh)
@@ -34,8 +43,12 @@ AVX-512 every runtime runs its AVX2 kernels; the run is kept as generate_through
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.metadata
+import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -61,7 +74,7 @@ from gptkit import GPT, generate, native
 from gptkit.hardware import packs_for_onednn
 from gptkit.model.layouts import Int8Linear, decoding_layout, has_decoding_layout, load_int8
 
-PROMPT, NEW, REPEATS = 32, 128, 3
+PROMPT, NEW, REPEATS = 32, 128, 5
 PREFILL = 512  # the long prompt whose time to first token is measured
 QUICK = False  # --quick: REPEATS 1, NEW 32
 # --avx2: what holds each of PyTorch's kernel libraries to AVX2, as on a CPU without AVX-512.
@@ -88,8 +101,9 @@ def timed(fn) -> tuple[float, torch.Tensor]:
     return time.perf_counter() - start, out
 
 
-def measure_seconds(ours_fn, peer_fn) -> tuple[float, float, object, object]:
-    """Median seconds of each, alternating after a warm-up of both, and each one's last output."""
+def measure_seconds(ours_fn, peer_fn) -> tuple[list[float], list[float], object, object]:
+    """Seconds of each in REPEATS rounds, alternating after a warm-up of both (so that the machine's
+    drift touches both alike), and each one's last output."""
     with time_limit(TIME_LIMIT_S):
         ours_fn(), peer_fn()  # warm-up
         ours_s, peer_s = [], []
@@ -98,22 +112,53 @@ def measure_seconds(ours_fn, peer_fn) -> tuple[float, float, object, object]:
             ours_s.append(seconds)
             seconds, peer_out = timed(peer_fn)
             peer_s.append(seconds)
-    return median(ours_s), median(peer_s), ours_out, peer_out
+    return ours_s, peer_s, ours_out, peer_out
 
 
-def measure(ours_fn, peer_fn) -> tuple[float, float, torch.Tensor, torch.Tensor]:
-    """New tokens/s of each (NEW tokens a call), alternating."""
+def measure(ours_fn, peer_fn, new: int | None = None) -> tuple[list[float], list[float], object, object]:
+    """New tokens/s of each in every round (``new`` tokens a call, NEW by default), alternating."""
+    new = NEW if new is None else new
     ours_s, peer_s, ours_out, peer_out = measure_seconds(ours_fn, peer_fn)
-    return NEW / ours_s, NEW / peer_s, ours_out, peer_out
+    return [new / s for s in ours_s], [new / s for s in peer_s], ours_out, peer_out
+
+
+def with_spread(row: dict, ours: list[float], peer: list[float]) -> dict:
+    """``row`` (its figures the medians of ``ours`` and ``peer``) with each side's spread over the
+    rounds (least, most) and ``on_par``: whether the two spreads overlap, where a ratio says nothing
+    a rerun would keep (the README then says "on par")."""
+    row["rounds"] = len(ours)
+    row["ours_spread"] = [round(min(ours), 4), round(max(ours), 4)]
+    row["peer_spread"] = [round(min(peer), 4), round(max(peer), 4)]
+    row["on_par"] = not (min(ours) > max(peer) or min(peer) > max(ours))
+    return row
+
+
+def spread_comparison(
+    what: str, unit: str, ours: list[float], peer: str, theirs: list[float], **kwargs
+) -> dict:
+    """``comparison`` of the medians of the rounds, with their spreads; no ratio where a median is not
+    above zero (a difference of two timings that the machine's noise outweighed)."""
+    ours_median, peer_median = median(ours), median(theirs)
+    if min(ours_median, peer_median) > 0:
+        return with_spread(comparison(what, unit, ours_median, peer, peer_median, **kwargs), ours, theirs)
+    row = skipped(what, unit, peer, "")
+    del row["skipped"]
+    row |= {"ours": round(ours_median, 4), "peer_value": round(peer_median, 4)}
+    row["note"] = "no ratio: a median at or below zero, the machine's noise larger than the figure"
+    return with_spread(row, ours, theirs)
 
 
 def compare(what: str, peer: str, ours_fn, peer_fn, same_ids: bool) -> tuple[dict, float | None]:
-    """The comparison and the peer's tok/s; a skipped comparison (and None) past the time limit."""
+    """The comparison and the peer's tok/s; a skipped comparison (and None) past the time limit, or
+    where the peer's process crashed."""
     try:
         ours_tps, peer_tps, ours_out, peer_out = measure(ours_fn, peer_fn)
     except MeasurementTimeout as e:
         return skipped(what, "tok/s", peer, f"the measurement {e}"), None
-    row = comparison(what, "tok/s", ours_tps, peer, peer_tps)
+    except PeerCrashed as e:
+        return skipped(what, "tok/s", peer, str(e)), None
+    row = spread_comparison(what, "tok/s", ours_tps, peer, peer_tps)
+    peer_tps = median(peer_tps)
     if same_ids and DEVICE == "cpu":
         assert torch.equal(ours_out, peer_out), "greedy ids differ from transformers'"
     elif same_ids:  # GPU kernels may order sums differently and flip a near-tie: reported, not fatal
@@ -254,26 +299,165 @@ def prefill_row(what: str, peer: str, model, peer_fn, long_prompt: torch.Tensor,
         )
     except MeasurementTimeout as e:
         return skipped(what, "s", peer, f"the measurement {e}")
+    except PeerCrashed as e:
+        return skipped(what, "s", peer, str(e))
     if same_ids:
         assert torch.equal(ours_out.cpu(), peer_out), "the first token differs from the peer's"
-    return comparison(what, "s", ours_s, peer, peer_s, higher_is_better=False)
+    return spread_comparison(what, "s", ours_s, peer, peer_s, higher_is_better=False)
 
 
-def llama_cpp_model(path: str | Path):
+# Peers in processes of their own ---------------------------------------------------------------
+
+
+class PeerCrashed(RuntimeError):
+    """A peer's process ended while measuring (a crash in its kernels): its rows are skipped, naming
+    it and how it ended, and the benchmark goes on."""
+
+
+def ended(returncode: int) -> str:
+    """How a process ended, in words: 'signal 11 (SIGSEGV)' or 'exit status 3'."""
+    if returncode < 0:
+        try:
+            return f"signal {-returncode} ({signal.Signals(-returncode).name})"
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit status {returncode}"
+
+
+class PeerProcess:
+    """A peer runtime loaded in a process of its own (this script with ``--peer-worker``), asked to
+    decode over a pipe, one JSON line each way. A crash in its kernels ends that process, not the
+    benchmark: llama.cpp (llama-cpp-python 0.3.36) segfaults in its AMX q8_0 product on gptkit's
+    files (ggml-org/llama.cpp#20824), which took the whole run with it. Timed from here, the pipe's
+    microseconds included, alternating with gptkit as any peer."""
+
+    def __init__(self, runtime: str, path: str | Path = "", **options):
+        self.runtime = runtime
+        spec = json.dumps({"runtime": runtime, "path": str(path), **options})
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--peer-worker", spec, *(["--quick"] if QUICK else [])],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.call(op="ready")  # loaded (or crashed loading)
+
+    def call(self, **command) -> dict:
+        line = ""
+        try:
+            self.process.stdin.write(json.dumps(command) + "\n")
+            self.process.stdin.flush()
+            line = self.process.stdout.readline()
+        except (BrokenPipeError, OSError):
+            pass
+        if not line:
+            code = self.process.wait()
+            raise PeerCrashed(
+                f"{self.runtime} crashed ({ended(code)}): its process ended, the benchmark went on"
+            )
+        answer = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"{self.runtime}: {answer['error']}")
+        return answer
+
+    def greedy(self, prompt: torch.Tensor, new: int | None = None) -> torch.Tensor:
+        """``new`` greedy tokens after ``prompt`` (1, T) from the peer: (1, T + new)."""
+        answer = self.call(op="greedy", prompt=prompt[0].tolist(), new=NEW if new is None else new)
+        return torch.tensor([answer["ids"]])
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                self.process.stdin.close()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def peer_worker(spec: str) -> None:
+    """``--peer-worker``: load the peer ``spec`` names, then answer PeerProcess's commands, one JSON
+    line each, on the stdout it was started with (the libraries' own prints go to stderr)."""
+    options = json.loads(spec)
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    runtime = options["runtime"]
+    if runtime == "llama.cpp":
+        llm = llama_cpp_model(options["path"], extra_bufts=options.get("extra_bufts", True))
+
+        def greedy(prompt, new):
+            return llama_cpp_greedy(llm, torch.tensor([prompt]), new)[0].tolist()
+    elif runtime == "crashing-peer":  # the tests' peer: it crashes as llama.cpp's AMX product did
+        if options.get("crash") == "load":
+            os.kill(os.getpid(), signal.SIGSEGV)
+
+        def greedy(prompt, new):
+            os.kill(os.getpid(), signal.SIGSEGV)
+    else:
+        raise SystemExit(f"unknown peer runtime {runtime!r}")
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command["op"] == "ready":
+            answer = {"ready": True}
+        elif command["op"] == "greedy":
+            answer = {"ids": greedy(command["prompt"], command["new"])}
+        else:
+            answer = {"error": f"unknown command {command['op']!r}"}
+        answers.write(json.dumps(answer) + "\n")
+        answers.flush()
+
+
+def cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def has_amx() -> bool:
+    """An Intel CPU with AMX, where llama.cpp's extra buffer types repack q8_0 for its AMX product."""
+    return bool({"amx_int8", "amx_tile"} & cpu_flags())
+
+
+# On AMX CPUs llama.cpp's q8_0 product through its extra buffer types crashes on gptkit's files
+# (ggml-org/llama.cpp#20824): those rows run with the model parameter use_extra_bufts off, and say so.
+NO_EXTRA_BUFTS = ", use_extra_bufts off (its AMX q8_0 product crashes: ggml-org/llama.cpp#20824)"
+
+
+def llama_cpp_model(path: str | Path, extra_bufts: bool = True):
     """llama.cpp (llama-cpp-python) on a GGUF file, on the CPU, as many threads as torch decodes with
-    (for the prompt too), room for the long prompt and the new tokens."""
+    (for the prompt too), room for the long prompt and the new tokens; ``extra_bufts`` False loads it
+    with llama.cpp's model parameter use_extra_bufts off (no repacking for AMX and the like)."""
     import llama_cpp
+    import llama_cpp.llama_cpp as binding
 
     threads = torch.get_num_threads()
-    return llama_cpp.Llama(
-        model_path=str(path),
-        n_ctx=PREFILL + NEW,
-        n_batch=PREFILL,
-        n_threads=threads,
-        n_threads_batch=threads,
-        n_gpu_layers=0,
-        verbose=False,
-    )
+    defaults = binding.llama_model_default_params
+
+    def without_extra_bufts():
+        params = defaults()
+        if hasattr(params, "use_extra_bufts"):
+            params.use_extra_bufts = False
+        return params
+
+    if not extra_bufts:  # Llama() starts from llama_model_default_params(): ours, for this load
+        binding.llama_model_default_params = without_extra_bufts
+    try:
+        return llama_cpp.Llama(
+            model_path=str(path),
+            n_ctx=PREFILL + NEW,
+            n_batch=PREFILL,
+            n_threads=threads,
+            n_threads_batch=threads,
+            n_gpu_layers=0,
+            verbose=False,
+        )
+    finally:
+        binding.llama_model_default_params = defaults
 
 
 def llama_cpp_greedy(llm, prompt: torch.Tensor, new: int | None = None) -> torch.Tensor:
@@ -310,8 +494,8 @@ def llama_cpp_rows(
 ) -> tuple[list[dict], dict[str, Path]]:
     """gptkit against llama.cpp running ``model`` exported by `gptkit export --quantize` (f32, bf16,
     q8_0), alternating: greedy decoding (NEW tokens after the PROMPT-token prompt) and time to
-    first token of the PREFILL-token prompt. Returns the rows and the GGUF files by type (none when
-    skipped)."""
+    first token of the PREFILL-token prompt. llama.cpp runs in a process of its own per file: a crash
+    skips that file's rows. Returns the rows and the GGUF files by type (none when skipped)."""
 
     def whats(mine: str, theirs: str) -> tuple[str, str]:
         pair = f"gptkit {mine} vs llama.cpp {theirs} (gptkit export --quantize {theirs})"
@@ -327,14 +511,14 @@ def llama_cpp_rows(
             rows += [skipped(decode, "tok/s", peer, reason), skipped(prefill, "s", peer, reason)]
         return rows, {}
 
-    try:
-        import llama_cpp
-    except ImportError:
+    if (
+        importlib.util.find_spec("llama_cpp") is None
+    ):  # found, not imported: its library loads in the peer's process
         return all_skipped(
             "llama-cpp-python",
             "needs llama-cpp-python, which builds llama.cpp from source: pip install -e '.[llama]'",
         )
-    peer = f"llama-cpp-python {llama_cpp.__version__} (CPU)"
+    peer = f"llama-cpp-python {importlib.metadata.version('llama-cpp-python')} (CPU)"
     if DEVICE != "cpu":
         return all_skipped(peer, "measured on the CPU only")
     peer += PEER_UNCAPPED if avx2_only() else ""
@@ -357,35 +541,51 @@ def llama_cpp_rows(
         paths[theirs] = export_gguf(
             model, tokenizer, Path(directory) / f"gpt2-{theirs}.gguf", quantize=theirs
         )
-        rows += llama_cpp_pair(
-            decode, prefill, f"{peer}, {theirs}", ours[mine], paths[theirs], prompt, long_prompt
+        extra_bufts = not (theirs == "q8_0" and has_amx())
+        label = f"{peer}, {theirs}" + ("" if extra_bufts else NO_EXTRA_BUFTS)
+        rows += peer_pair(
+            decode,
+            prefill,
+            label,
+            ours[mine],
+            lambda path=paths[theirs], extra_bufts=extra_bufts: PeerProcess(
+                "llama.cpp", path, extra_bufts=extra_bufts
+            ),
+            prompt,
+            long_prompt,
         )
     return rows, paths
 
 
-def llama_cpp_pair(
-    decode: str, prefill: str, peer: str, ours, path: Path, prompt: torch.Tensor, long_prompt: torch.Tensor
+def peer_pair(
+    decode: str, prefill: str, peer: str, ours, start_peer, prompt: torch.Tensor, long_prompt: torch.Tensor
 ) -> list[dict]:
-    """gptkit's ``ours`` against llama.cpp on the GGUF file ``path``: greedy decoding, then prefill."""
-    llm = llama_cpp_model(path)
+    """gptkit's ``ours`` against a peer in its own process (``start_peer()``: a PeerProcess): greedy
+    decoding, then prefill. A crash, loading or measuring, gives skipped rows naming it."""
+    try:
+        process = start_peer()
+    except PeerCrashed as e:
+        return [skipped(decode, "tok/s", peer, str(e)), skipped(prefill, "s", peer, str(e))]
     try:
         decode_row = compare(
             decode,
             peer,
             lambda: generate(ours, prompt, NEW, temperature=0),
-            lambda: llama_cpp_greedy(llm, prompt),
+            lambda: process.greedy(prompt),
             False,  # ggml's GELU reads an fp16 table: even f32 may flip a near-tie
         )[0]
+        if decode_row.get("skipped"):  # it crashed: no process left to time the prefill
+            return [decode_row, skipped(prefill, "s", peer, decode_row["skipped"])]
         first_token_row = prefill_row(
             prefill,
             peer,
             ours,
-            lambda long_prompt: llama_cpp_greedy(llm, long_prompt, new=1),
+            lambda long_prompt: process.greedy(long_prompt, new=1),
             long_prompt,
             False,
         )
     finally:
-        llm.close()
+        process.close()
     return [decode_row, first_token_row]
 
 
@@ -423,7 +623,7 @@ def peak_rss_worker(kind: str, path: str) -> None:
         loaded = onnxruntime_session(path)
         onnxruntime_greedy(loaded, prompt, RSS_NEW)
     elif runtime == "llama.cpp":
-        loaded = llama_cpp_model(path)
+        loaded = llama_cpp_model(path, extra_bufts=not (fmt == "q8_0" and has_amx()))
         llama_cpp_greedy(loaded, prompt, RSS_NEW)
     else:
         raise ValueError(f"unknown runtime {runtime!r}")
@@ -468,19 +668,27 @@ def peak_rss_rows(model_dir: str, peer_files: dict[str, Path]) -> tuple[list[dic
         return [skipped(label(m, p), "MB", p, reason) for m, p in PEAK_RSS_PAIRS], {}
     kinds = {f"gptkit:{fmt}": model_dir for fmt in ("fp32", "bf16", "int8")}
     kinds |= {kind: str(peer_files[kind]) for _, kind in PEAK_RSS_PAIRS if kind in peer_files}
-    measured = {}
+    measured, crashed = {}, {}
     for kind, path in kinds.items():
         out = subprocess.run(
             [sys.executable, __file__, "--peak-rss", kind, path, *(["--quick"] if QUICK else [])],
             capture_output=True,
             text=True,
-            check=True,
         )
+        if out.returncode != 0:  # a peer's crash skips its rows; gptkit's own fails the run
+            if kind.startswith("gptkit:"):
+                raise RuntimeError(f"the peak-memory worker for {kind} failed: {out.stderr[-2000:]}")
+            crashed[kind] = (
+                f"{kind} crashed ({ended(out.returncode)}) in its own process; the benchmark went on"
+            )
+            continue
         measured[kind] = json.loads(out.stdout.strip().splitlines()[-1])
     growth = {kind: m["peak_mb"] - m["baseline_mb"] for kind, m in measured.items()}
     rows = []
     for mine, peer in PEAK_RSS_PAIRS:
-        if peer not in growth:
+        if peer in crashed:
+            rows.append(skipped(label(mine, peer), "MB", peer, crashed[peer]))
+        elif peer not in growth:
             rows.append(skipped(label(mine, peer), "MB", peer, "its runtime's rows were skipped above"))
         else:
             rows.append(
@@ -506,13 +714,14 @@ def record_name() -> str:
 
 
 def memory_bandwidth() -> float:
-    """Bytes per second this machine moves in a large copy (read + write), best of 5: the limit that
-    a decoding step, which reads every weight once, runs into."""
-    source = torch.ones(64 * 2**20, device=DEVICE)  # 256 MB, far past the caches
-    target = torch.empty_like(source)
-    target.copy_(source)
-    best = min(timed(lambda: target.copy_(source))[0] for _ in range(5))
-    return 2 * source.nbytes / best
+    """Bytes per second this machine reads in a large streaming read (a sum over 256 MB, far past the
+    caches; best of 5): the limit that a decoding step, which only reads its weights, runs into. Not a
+    copy's bytes ÷ time: a copy's writes cost more than its reads, so it undercounts what a read-only
+    step can reach (fractions of it passed 1)."""
+    source = torch.ones(64 * 2**20, device=DEVICE)
+    source.sum()
+    best = min(timed(lambda: source.sum())[0] for _ in range(5))
+    return source.nbytes / best
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -555,7 +764,7 @@ def bandwidth_rows(rows: list[dict], models: list[torch.nn.Module], peer_bytes: 
 
 def without_native(build):
     """``build()`` with gptkit's native kernels turned off: the PyTorch layouts gptkit uses where the
-    native library cannot be built."""
+    native kernels are not used (not built, or without vector code or threads for the CPU)."""
     with mock.patch.dict(os.environ, {"GPTKIT_NATIVE": "0"}):
         return build()
 
@@ -587,11 +796,14 @@ def products_seconds(model: GPT) -> float:
     return median([timed(run)[0] for _ in range(9)])
 
 
-def native_rows(tmp: str, prompt: torch.Tensor, ours_layout, ours_bf16_layout, ours_int8) -> list[dict]:
+def native_rows(
+    tmp: str, prompt: torch.Tensor, ours_layout, ours_bf16_layout, ours_int8, bandwidth: float | None = None
+) -> list[dict]:
     """gptkit's native step against gptkit's PyTorch layouts (oneDNN-packed fp32 and bf16, or bf16
     widened for a prompt; FBGEMM int8) in the same run: new tok/s with the greedy ids compared, and
     the time a token spends outside its products (token time minus the products' time, both
-    measured here)."""
+    measured here); with ``bandwidth`` (a streaming read's bytes/s) also the fraction of it each
+    side's tokens/s reach."""
     rows = []
     if ours_layout is None or ours_layout.native_step is None:
         return [
@@ -626,12 +838,22 @@ def native_rows(tmp: str, prompt: torch.Tensor, ours_layout, ours_bf16_layout, o
         except MeasurementTimeout as e:
             rows.append(skipped(what, "tok/s", peer, f"the measurement {e}"))
             continue
-        row = comparison(what, "tok/s", ours_tps, peer, peer_tps)
+        row = spread_comparison(what, "tok/s", ours_tps, peer, peer_tps)
         row["same_ids"] = bool(torch.equal(ours_out, peer_out))
         rows.append(row)
+        if bandwidth is not None:
+            rows.append(
+                spread_comparison(
+                    f"memory-bandwidth fraction (a streaming read's), GPT-2 small, {fmt}, gptkit native step",
+                    "fraction of memory bandwidth",
+                    [weight_bytes(fast) * tps / bandwidth for tps in ours_tps],
+                    peer,
+                    [weight_bytes(pytorch) * tps / bandwidth for tps in peer_tps],
+                )
+            )
         outside = outside_products_ms([fast, pytorch], prompt)
         rows.append(
-            comparison(
+            spread_comparison(
                 f"ms a token spends outside its matrix products, GPT-2 small, {fmt}, gptkit native step",
                 "ms",
                 outside[0],
@@ -643,16 +865,260 @@ def native_rows(tmp: str, prompt: torch.Tensor, ours_layout, ours_bf16_layout, o
     return rows
 
 
-def outside_products_ms(models: list[GPT], prompt: torch.Tensor) -> list[float]:
-    """Each model's milliseconds a token spends outside its matrix products: a decode of NEW tokens
-    timed, then its products alone, back to back (the machine's drift touches both alike), the
-    models alternating; the median of REPEATS rounds."""
+def outside_products_ms(models: list[GPT], prompt: torch.Tensor) -> list[list[float]]:
+    """Each model's milliseconds a token spends outside its matrix products, in each of REPEATS
+    rounds: a decode of NEW tokens timed, then its products alone, back to back (the machine's drift
+    touches both alike), the models alternating."""
     differences: list[list[float]] = [[] for _ in models]
     for _ in range(REPEATS):
         for model, spent in zip(models, differences):
             seconds, _ = timed(lambda model=model: generate(model, prompt, NEW, temperature=0))
-            spent.append(seconds / NEW - products_seconds(model))
-    return [1e3 * median(spent) for spent in differences]
+            spent.append(1e3 * (seconds / NEW - products_seconds(model)))
+    return differences
+
+
+# Under contention --------------------------------------------------------------------------------
+
+# One busy loop a core, forked from one process: a CPU-bound neighbour on every core.
+BUSY = "import os, sys\nfor _ in range(int(sys.argv[1]) - 1):\n    if os.fork() == 0:\n        break\nwhile True:\n    pass\n"
+CONTENTION_THREADS = (1, 2, 4)
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def competing_process():
+    """A CPU-bound process busy on every core this one may use while the block runs; the cores."""
+    cores = usable_cores()
+    process = subprocess.Popen([sys.executable, "-c", BUSY, str(cores)], start_new_session=True)
+    try:
+        time.sleep(0.5)  # forked and spinning
+        yield cores
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def contention_rows(directory: str, prompt: torch.Tensor) -> list[dict]:
+    """gptkit's native step against its PyTorch layouts (what runs where the native kernels are not
+    used) with a competing CPU-bound process on every core, at 1, 2 and 4 threads
+    (torch.set_num_threads): GPT-2 small, and a model of d_model 64 (4 layers, 4 heads, GPT-2's
+    vocabulary), random fp32 weights, greedy, the two alternating, medians of REPEATS with spreads."""
+    import transformers
+
+    models = (
+        ("GPT-2 small", transformers.GPT2Config(), NEW // 4),
+        ("d_model 64", transformers.GPT2Config(n_embd=64, n_layer=4, n_head=4), NEW),
+    )
+    rows, before = [], torch.get_num_threads()
+    for name, config, new in models:
+        folder = Path(directory) / f"contention-{config.n_embd}"
+        torch.manual_seed(0)
+        transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+        fast = decoding_layout(GPT.from_pretrained(folder))
+        pytorch = without_native(lambda folder=folder: decoding_layout(GPT.from_pretrained(folder)))
+        peer = "gptkit fp32 in its PyTorch layout (oneDNN-packed)"
+        with competing_process() as cores:
+            for threads in CONTENTION_THREADS:
+                what = (
+                    f"greedy new tok/s, a CPU-bound process on all {cores} cores, {name}, fp32, "
+                    f"{threads} thread{'s' if threads > 1 else ''}, gptkit native step"
+                )
+                if fast.native_step is None:
+                    rows.append(skipped(what, "tok/s", peer, "the native kernels are not used here"))
+                    continue
+                torch.set_num_threads(threads)
+                try:
+                    ours, theirs, ours_out, peer_out = measure(
+                        lambda fast=fast, new=new: generate(fast, prompt, new, temperature=0),
+                        lambda pytorch=pytorch, new=new: generate(pytorch, prompt, new, temperature=0),
+                        new,
+                    )
+                except MeasurementTimeout as e:
+                    rows.append(skipped(what, "tok/s", peer, f"the measurement {e}"))
+                    continue
+                finally:
+                    torch.set_num_threads(before)
+                row = spread_comparison(what, "tok/s", ours, peer, theirs)
+                row |= {"threads": threads, "same_ids": bool(torch.equal(ours_out, peer_out))}
+                rows.append(row)
+    return rows
+
+
+# torch.compile's trial -----------------------------------------------------------------------------
+
+
+class StaticCacheDecoder(torch.nn.Module):
+    """A GPT-2 decoding step for torch.compile: one token a row at a position given as a tensor, keys
+    and values written in place into a static cache of fixed capacity, attention over the whole cache
+    masked to the positions filled (fixed shapes: one graph for every step)."""
+
+    def __init__(self, model: GPT, capacity: int):
+        super().__init__()
+        self.model = model
+        c = model.config
+        shape = (c.n_layer, 1, c.n_head, capacity, c.head_size)
+        self.register_buffer("keys", torch.zeros(shape))
+        self.register_buffer("values", torch.zeros(shape))
+        self.register_buffer("slots", torch.arange(capacity))
+
+    def forward(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """The greedy next token (1, 1) after ``token`` (1, 1) at ``position`` (1,)."""
+        m, c = self.model, self.model.config
+        x = m.wte(token) + m.wpe(position)[None]  # (1, 1, d)
+        mask = (self.slots <= position)[None, None, None, :]  # (1, 1, 1, capacity)
+        for layer, block in enumerate(m.h):
+            qkv = block.attn.c_attn(block.ln_1(x)).view(1, 1, 3, c.n_head, c.head_size)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (1, nh, 1, hs)
+            self.keys[layer].index_copy_(2, position, k)
+            self.values[layer].index_copy_(2, position, v)
+            y = torch.nn.functional.scaled_dot_product_attention(
+                q, self.keys[layer], self.values[layer], attn_mask=mask
+            )
+            x = x + block.attn.c_proj(y.transpose(1, 2).reshape(1, 1, c.d_model))
+            x = x + block.mlp(block.ln_2(x))
+        return m.output_layer(m.ln_f(x))[:, -1].argmax(-1, keepdim=True)
+
+
+def gptkit_steps(model: GPT, prompt: torch.Tensor, steps: int):
+    """(prefill, step) of greedy decoding through ``model`` and a KVCache."""
+    from gptkit.model import KVCache
+
+    state = {}
+
+    def prefill() -> torch.Tensor:
+        state["cache"] = KVCache(model.config, 1, prompt.size(1) + steps + 1, dtype=torch.float32)
+        return model(prompt, cache=state["cache"]).logits[:, -1].argmax(-1, keepdim=True)
+
+    def step(token: torch.Tensor) -> torch.Tensor:
+        return model(token, cache=state["cache"]).logits[:, -1].argmax(-1, keepdim=True)
+
+    return prefill, step
+
+
+def compiled_steps(model: GPT, prompt: torch.Tensor, steps: int):
+    """(prefill, step) of greedy decoding through torch.compile's graph of StaticCacheDecoder on the
+    fp32 ``model`` in nn.Linear's layout (Inductor on the CPU, freezing on: the weights constants,
+    prepacked for its products); the prompt through the model's own forward, its keys and values
+    copied into the static cache."""
+    from gptkit.model import KVCache
+
+    decoder = StaticCacheDecoder(model, prompt.size(1) + steps + 1)
+    compiled = torch.compile(decoder)
+    state = {"position": prompt.size(1)}
+
+    def prefill() -> torch.Tensor:
+        cache = KVCache(model.config, 1, decoder.keys.size(3), dtype=torch.float32)
+        logits = model(prompt, cache=cache).logits[:, -1]
+        decoder.keys.copy_(cache.keys)
+        decoder.values.copy_(cache.values)
+        state["position"] = prompt.size(1)
+        return logits.argmax(-1, keepdim=True)
+
+    def step(token: torch.Tensor) -> torch.Tensor:
+        token = compiled(token, torch.tensor([state["position"]]))
+        state["position"] += 1
+        return token
+
+    return prefill, step
+
+
+def timed_steps(prefill, step, steps: int) -> tuple[float, torch.Tensor]:
+    """Seconds of ``steps`` greedy steps after ``prefill()`` (not timed), and the tokens (1, steps + 1)."""
+    token = prefill()
+    tokens = [token]
+    start = time.perf_counter()
+    for _ in range(steps):
+        token = step(token)
+        tokens.append(token)
+    return time.perf_counter() - start, torch.cat(tokens, dim=1)
+
+
+def compile_rows(folder: str, prompt: torch.Tensor) -> tuple[list[dict], dict]:
+    """A measured trial of torch.compile (Inductor on the CPU, freezing, a static KV cache) for the
+    decoding step of GPT-2 small, fp32: tokens/s of the steps alone (after the prompt) against the
+    native step and against gptkit's PyTorch layouts, the three alternating, greedy ids compared.
+    Returns the rows and the compilation's seconds."""
+    steps = NEW - 1
+    peer = "torch.compile (Inductor, freezing, static KV cache), fp32 in nn.Linear's layout"
+    whats = [
+        "greedy decoding-step tok/s, GPT-2 small, fp32, gptkit native step",
+        "greedy decoding-step tok/s, GPT-2 small, fp32, gptkit PyTorch layout (oneDNN-packed)",
+    ]
+    if DEVICE != "cpu":
+        return [skipped(w, "tok/s", peer, "a trial for the CPU") for w in whats], {}
+    plain = GPT.from_pretrained(folder).eval().requires_grad_(False)
+    fast = decoding_layout(GPT.from_pretrained(folder))
+    pytorch = without_native(lambda: decoding_layout(GPT.from_pretrained(folder)))
+    sides = [gptkit_steps(fast, prompt, steps), gptkit_steps(pytorch, prompt, steps)]
+    previous = torch._inductor.config.freezing
+    torch._inductor.config.freezing = True
+    try:
+        with time_limit(TIME_LIMIT_S):
+            compiled = compiled_steps(plain, prompt, steps)
+            start = time.perf_counter()
+            timed_steps(*compiled, 1)  # compiles
+            compile_s = time.perf_counter() - start
+            for side in (*sides, compiled):
+                timed_steps(*side, 2)  # warm-up
+            seconds: list[list[float]] = [[], [], []]
+            outputs = [None, None, None]
+            for _ in range(REPEATS):
+                for i, side in enumerate((*sides, compiled)):
+                    spent, outputs[i] = timed_steps(*side, steps)
+                    seconds[i].append(spent)
+    except MeasurementTimeout as e:
+        return [skipped(w, "tok/s", peer, f"the measurement {e}") for w in whats], {}
+    except Exception as e:  # noqa: BLE001 (Inductor's failure is this trial's finding, not the run's end)
+        reason = f"torch.compile failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        return [skipped(w, "tok/s", peer, reason) for w in whats], {}
+    finally:
+        torch._inductor.config.freezing = previous
+    tps = [[steps / s for s in side] for side in seconds]
+    rows = []
+    for what, ours, out in zip(whats, tps[:2], outputs[:2]):
+        row = spread_comparison(what, "tok/s", ours, peer, tps[2])
+        row["same_ids"] = bool(torch.equal(out, outputs[2]))
+        rows.append(row)
+    return rows, {"compile_s": round(compile_s, 1), "steps": steps}
+
+
+@torch.no_grad()
+def main_native() -> None:
+    """``--only native``: the native step's rows alone (against the PyTorch layouts, quiet and under
+    contention, with bandwidth fractions; torch.compile's trial), kept as generate_throughput_native."""
+    import tempfile
+
+    import transformers
+
+    load_before = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        transformers.GPT2LMHeadModel(transformers.GPT2Config()).save_pretrained(tmp)
+        prompt = torch.randint(0, 50257, (1, PROMPT))
+        bandwidth = memory_bandwidth()
+        layout = decoding_layout(GPT.from_pretrained(tmp))
+        bf16_layout = decoding_layout(GPT.from_pretrained(tmp, dtype=torch.bfloat16))
+        comparisons = native_rows(tmp, prompt, layout, bf16_layout, load_int8(tmp), bandwidth)
+        del layout, bf16_layout
+        rows, compiled = compile_rows(tmp, prompt)
+        comparisons += rows
+        comparisons += contention_rows(tmp, prompt)
+    emit(
+        "generate_throughput_native",
+        comparisons,
+        device=DEVICE,
+        prompt_tokens=PROMPT,
+        new_tokens=NEW,
+        repeats=REPEATS,
+        quick=QUICK,
+        memory_bandwidth_gb_s=round(bandwidth / 1e9, 1),
+        load_average_before=load_before,
+        torch_compile=compiled,
+        native=native.report(),
+    )
 
 
 @torch.no_grad()
@@ -806,7 +1272,7 @@ def main() -> None:
                 bf16_tps, _, _, _ = measure(
                     lambda: generate(ours_bf16, prompt, NEW, temperature=0), lambda: None
                 )
-                comparisons.append(comparison(what, "tok/s", bf16_tps, name, peer_tps))
+                comparisons.append(comparison(what, "tok/s", median(bf16_tps), name, peer_tps))
             except MeasurementTimeout as e:
                 comparisons.append(skipped(what, "tok/s", name, f"the measurement {e}"))
     emit(
@@ -836,7 +1302,14 @@ if __name__ == "__main__":
         action="store_true",
         help=f"One timed run per side (not {REPEATS}) and 32 new tokens (not {NEW}): a check that every row runs.",
     )
+    parser.add_argument(
+        "--only",
+        choices=["native"],
+        help="native: only the native step's rows (against the PyTorch layouts, quiet and under a "
+        "competing process at 1, 2 and 4 threads; torch.compile's trial), kept as generate_throughput_native.",
+    )
     parser.add_argument("--peak-rss", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)  # a worker
+    parser.add_argument("--peer-worker", metavar="SPEC", help=argparse.SUPPRESS)  # a peer's process
     args = parser.parse_args()
     if args.avx2 and os.environ.get("ATEN_CPU_CAPABILITY") != "avx2":
         # The caps are read when the libraries load: run again with them set.
@@ -845,5 +1318,9 @@ if __name__ == "__main__":
         REPEATS, NEW, QUICK = 1, 32, True
     if args.peak_rss:
         peak_rss_worker(*args.peak_rss)
+    elif args.peer_worker:
+        peer_worker(args.peer_worker)
+    elif args.only == "native":
+        main_native()
     else:
         main()
