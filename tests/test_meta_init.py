@@ -11,8 +11,9 @@ import torch
 import torch.multiprocessing as mp
 
 from gptkit import GPT, GPTConfig
+from gptkit.train import meta_init
 from gptkit.train.config import TrainConfig
-from gptkit.train.meta_init import dim0_shard
+from gptkit.train.meta_init import dim0_rows
 from tests.distributed_processes import torchrun_environment
 from tests.serve_schema import free_port
 
@@ -61,10 +62,43 @@ def run_two_processes(config: GPTConfig, offload: bool = False, init: str | None
         return dict(results)
 
 
-def test_dim0_shard_is_fsdp2s_chunk():
-    full = torch.arange(5 * 2).reshape(5, 2)
-    assert [dim0_shard(full, r, 2).tolist() for r in range(2)] == [full[:3].tolist(), full[3:].tolist()]
-    assert dim0_shard(torch.ones(1), 1, 2).shape == (0,)  # fewer rows than processes
+def test_dim0_rows_are_fsdp2s_chunks():
+    for rows, world_size in [(5, 2), (37, 2), (1, 2), (10, 4), (3, 8)]:
+        full = torch.arange(rows)
+        chunks = full.chunk(world_size)
+        for rank in range(world_size):
+            start, stop = dim0_rows(rows, rank, world_size)
+            expected = chunks[rank].tolist() if rank < len(chunks) else []
+            assert full[start:stop].tolist() == expected, (rows, world_size, rank)
+
+
+@pytest.mark.parametrize("shape", [(37, 8), (101, 3), (64, 16), (41, 2), (5, 1000)])
+@pytest.mark.parametrize("init", ["normal", "uniform", "tensor_normal"])
+def test_a_parameter_filled_block_by_block_is_the_whole_calls_values(monkeypatch, shape, init):
+    """Each rank's rows, made a few rows at a time, are the rows of one whole call, and the generator
+    ends where the whole call leaves it: ATen draws one value an element, in order, and turns each
+    aligned 16 into normals (a size not divisible by 16 draws its last 16 again)."""
+    monkeypatch.setattr(meta_init, "BLOCK_BYTES", 64)  # blocks of a few rows, the last one uneven
+    func, args = {
+        "normal": (torch.nn.init.normal_, (0.0, 0.02)),
+        "uniform": (torch.nn.init.uniform_, (-0.5, 0.5)),
+        "tensor_normal": (torch.Tensor.normal_, (1.0, 3.0)),
+    }[init]
+    torch.manual_seed(7)
+    call = meta_init._InitCall(func, args, {}, torch.get_rng_state())
+    whole = torch.empty(shape)
+    func(whole, *args)
+    after = torch.rand(3)
+    blocks = call.blocks(torch.Size(shape), torch.float32)
+    assert blocks is not None and len(blocks) > 1  # the test reaches the block-wise path
+    scratch = meta_init._Scratch()
+    for rank in range(3):
+        start, stop = dim0_rows(shape[0], rank, 3)
+        out = torch.full((stop - start, *shape[1:]), float("nan"))
+        call.fill(torch.Size(shape), torch.float32, scratch, (start, stop), out)
+        assert torch.equal(out, whole[start:stop])
+        assert torch.equal(torch.rand(3), after)
+    assert scratch.buffer.numel() <= call.largest_block(torch.Size(shape), torch.float32) < whole.numel() * 4
 
 
 @pytest.mark.slow

@@ -6,13 +6,15 @@ memory), sharded, then each process's shards are materialised and filled, as tor
 
 The values are the ordinary build's, bit for bit. While the model is built, each of
 ``torch.nn.init``'s calls on a parameter (the layers' own ``reset_parameters`` and the model's
-``_init_weights`` alike) is recorded with the random generator's state before it, and run on a
-full-size CPU tensor that is dropped at once (so the generator advances as in the ordinary build).
+``_init_weights`` alike) is recorded with the random generator's state before it, and run on
+scratch memory that is dropped at once (so the generator advances as in the ordinary build).
 When the shards are materialised, each parameter's last call is run again from its recorded state
-on a full-size CPU tensor, and this process keeps its rows, the shard FSDP2 gives it, before the
-next parameter is made. One tensor is whole at a time, never the model; and a seeded run starts
-from the weights a single process would (the CPU generator is the one the ordinary build draws
-from, whatever the device).
+and this process keeps its rows, the shard FSDP2 gives it, before the next parameter is made. The
+init's draws (normal_, uniform_, fills) are made a block of rows at a time, with the whole call's
+values and generator state (see ``_ELEMENTWISE``), so that a large matrix (the token embedding) is
+never whole here either; any other call runs on a full-size CPU tensor. A seeded run starts from the
+weights a single process would (the CPU generator is the one the ordinary build draws from,
+whatever the device).
 """
 
 from __future__ import annotations
@@ -38,6 +40,26 @@ _VALUE_FREE = {"fill_", "zero_", "normal_", "uniform_"}
 _NOT_DATA = {"requires_grad_", "retain_grad", "share_memory_"}
 
 
+# Calls whose values, element by element, are drawn in order from the CPU generator (or do not
+# draw), so that a parameter can be filled a block of rows at a time with the values and generator
+# state of one whole call. ATen's CPU normal_ draws one uniform an element, then turns each aligned
+# 16 into normals (a size not divisible by 16 draws its last 16 again): blocks that start on a
+# multiple of 16 elements, the last at least 16 long, give the same values. uniform_ draws one an
+# element.
+_ELEMENTWISE = {
+    torch.nn.init.normal_,
+    torch.nn.init.uniform_,
+    torch.nn.init.zeros_,
+    torch.nn.init.ones_,
+    torch.nn.init.constant_,
+    torch.Tensor.normal_,
+    torch.Tensor.uniform_,
+    torch.Tensor.fill_,
+    torch.Tensor.zero_,
+}
+BLOCK_BYTES = 8 * 1024 * 1024  # a block of rows filled at once: a whole wte (GPT-2 medium: 206 MB) never is
+
+
 @dataclass
 class _InitCall:
     """A call that set all of a parameter's values, and the generator's state just before it."""
@@ -53,6 +75,55 @@ class _InitCall:
         full = scratch.tensor(shape, dtype)
         self.func(full, *self.args, **self.kwargs)
         return full
+
+    def blocks(self, shape: torch.Size, dtype: torch.dtype) -> list[tuple[int, int]] | None:
+        """Row ranges [start, stop) that fill the parameter block by block with the whole call's
+        values, each at most about BLOCK_BYTES; None where it must be made whole (another kind of
+        call, one row, or small enough)."""
+        if (
+            self.func not in _ELEMENTWISE
+            or len(shape) < 2
+            or math.prod(shape) * dtype.itemsize <= BLOCK_BYTES
+        ):
+            return None
+        row = math.prod(shape[1:])
+        step = 16 // math.gcd(row, 16)  # rows a block starts on: a multiple of 16 elements
+        per_block = max(step, BLOCK_BYTES // (row * dtype.itemsize) // step * step)
+        starts = list(range(0, shape[0], per_block))
+        if (shape[0] - starts[-1]) * row < 16:  # a last block shorter than 16 joins the one before
+            starts.pop()
+        return [(start, stop) for start, stop in zip(starts, starts[1:] + [shape[0]])]
+
+    def fill(
+        self,
+        shape: torch.Size,
+        dtype: torch.dtype,
+        scratch: _Scratch,
+        rows: tuple[int, int] = (0, 0),
+        out: torch.Tensor | None = None,
+    ) -> None:
+        """Run the call as the ordinary build did (the generator advanced as by it) and copy rows
+        [rows[0], rows[1]) of its values into ``out``: block by block where :meth:`blocks` allows."""
+        blocks = self.blocks(shape, dtype)
+        if blocks is None:
+            full = self.full_tensor(shape, dtype, scratch)
+            if out is not None:
+                out.copy_(full[rows[0] : rows[1]])
+            return
+        torch.set_rng_state(self.rng_state)
+        first, last = rows
+        for start, stop in blocks:
+            block = scratch.tensor((stop - start, *shape[1:]), dtype)
+            self.func(block, *self.args, **self.kwargs)
+            lo, hi = max(start, first), min(stop, last)
+            if out is not None and lo < hi:
+                out[lo - first : hi - first].copy_(block[lo - start : hi - start])
+
+    def largest_block(self, shape: torch.Size, dtype: torch.dtype) -> int:
+        """The bytes of scratch :meth:`fill` needs."""
+        blocks = self.blocks(shape, dtype)
+        rows = shape[0] if blocks is None else max(stop - start for start, stop in blocks)
+        return rows * math.prod(shape[1:]) * dtype.itemsize
 
 
 class _Scratch:
@@ -97,18 +168,19 @@ class _RecordInit(TorchFunctionMode):
                 if not is_init and name not in _VALUE_FREE:
                     raise RuntimeError(f"meta initialisation cannot apply {name} to a parameter being built")
                 call = _InitCall(func, tuple(args[1:]), kwargs, torch.get_rng_state())
-                call.full_tensor(tensor.shape, tensor.dtype, self.scratch)  # the generator advances
+                call.fill(tensor.shape, tensor.dtype, self.scratch)  # the generator advances
                 self.calls[id(tensor)] = call
                 return tensor
             return func(tensor, *args[1:], **kwargs) if not args else func(*args, **kwargs)
         return func(*args, **kwargs)
 
 
-def dim0_shard(full: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
-    """This rank's rows of ``full`` as FSDP2 shards a parameter: ``torch.chunk`` on dim 0 (the
-    last ranks get none when there are fewer rows than ranks)."""
-    chunks = full.chunk(world_size, dim=0)
-    return chunks[rank] if rank < len(chunks) else full[:0]
+def dim0_rows(n_rows: int, rank: int, world_size: int) -> tuple[int, int]:
+    """This rank's rows [start, stop) of a parameter as FSDP2 shards it: ``torch.chunk`` on dim 0
+    (the last ranks get none when there are fewer rows than ranks)."""
+    per_rank = -(-n_rows // world_size)
+    start = min(rank * per_rank, n_rows)
+    return start, min(start + per_rank, n_rows)
 
 
 def meta_init_applies(train: TrainConfig, ctx: DistributedContext) -> bool:
@@ -153,34 +225,38 @@ def build_sharded(
     # Buffers are not offloaded: FSDP2 keeps them on the device, where the forward pass reads them.
     device = torch.device("cpu") if train.fsdp_offload else ctx.device
     scratch = recorder.scratch
-    to_come = Counter(p.numel() * p.element_size() for p in model.parameters())
+    to_come = Counter(
+        call.largest_block(p.shape, p.dtype) for p in model.parameters() for call in [calls[id(p)]]
+    )
 
     def materialised(tensor: torch.Tensor) -> torch.Tensor:
-        """``tensor``'s memory on ``device`` (as ``to_empty`` makes it), filled with this rank's
-        rows of the ordinary build's values: one whole parameter at a time."""
-        call = calls.get(id(tensor))
-        if call is None:  # a buffer: computed below, on the processes' device
-            return torch.empty_like(tensor, device=ctx.device)
-        empty = torch.empty_like(tensor, device=device)
-        local = empty.to_local() if hasattr(empty, "to_local") else empty
-        full = call.full_tensor(tensor.shape, tensor.dtype, scratch)
-        rows = dim0_shard(full, ctx.rank, ctx.world_size)
-        if local.shape != rows.shape:
-            raise RuntimeError(
-                f"meta initialisation: a shard of shape {tuple(local.shape)}, not the "
-                f"{tuple(rows.shape)} of FSDP2's dim-0 chunks of {tuple(tensor.shape)}"
-            )
-        local.copy_(rows)
-        del full, rows
-        to_come[tensor.numel() * tensor.element_size()] -= 1
-        scratch.fit(max((size for size, n in to_come.items() if n > 0), default=0))
-        return empty
+        """``tensor``'s memory, as ``to_empty`` makes it: a parameter's shard where FSDP2 keeps it,
+        a buffer on the processes' device (computed below)."""
+        return torch.empty_like(tensor, device=device if id(tensor) in calls else ctx.device)
 
     with torch.no_grad():
-        # to_empty's own path (nn.Module._apply, after which FSDP2 takes up the new shards), each
-        # parameter filled as it is made rather than all made first: the peak is the shards and
-        # one whole parameter, not the shards twice.
+        # to_empty's own path (nn.Module._apply, after which FSDP2 takes up the new shards). The
+        # shards are filled only after it: FSDP2 copies a rank's short last shard into a padded one
+        # (rank 1's rows of GPT-2 medium's token embedding: 98 MiB), and an unfilled tensor's pages
+        # are not yet resident, so that copy adds nothing to the peak.
         model._apply(materialised)
+        filled: set[int] = set()
+        for module in model.modules():
+            for name, param in module._parameters.items():
+                if param is None or id(param) in filled:  # a tied weight is filled once
+                    continue
+                filled.add(id(param))
+                call = where[(id(module), name)]
+                local = param.to_local() if hasattr(param, "to_local") else param
+                start, stop = dim0_rows(param.shape[0], ctx.rank, ctx.world_size)
+                if local.shape != (stop - start, *param.shape[1:]):
+                    raise RuntimeError(
+                        f"meta initialisation: a shard of shape {tuple(local.shape)}, not the "
+                        f"{(stop - start, *param.shape[1:])} of FSDP2's dim-0 chunks of {tuple(param.shape)}"
+                    )
+                call.fill(param.shape, param.dtype, scratch, (start, stop), local)
+                to_come[call.largest_block(param.shape, param.dtype)] -= 1
+                scratch.fit(max((size for size, n in to_come.items() if n > 0), default=0))
         _restore_buffers(model)
     torch.set_rng_state(after_build)
     return model, wrapped
@@ -193,8 +269,12 @@ class _LoadedTensor:
     state: dict[str, torch.Tensor]
     name: str
 
-    def full_tensor(self, shape: torch.Size, dtype: torch.dtype, scratch: _Scratch) -> torch.Tensor:
-        return self.state.pop(self.name).to(dtype)  # dropped once copied: its pages leave memory
+    def fill(self, shape, dtype, scratch, rows: tuple[int, int], out: torch.Tensor) -> None:
+        whole = self.state.pop(self.name)  # dropped once copied: its pages leave memory
+        out.copy_(whole[rows[0] : rows[1]])
+
+    def largest_block(self, shape: torch.Size, dtype: torch.dtype) -> int:
+        return 0  # read from the file, not made in scratch
 
 
 def _check_loaded(model: nn.Module, loaded: dict[str, torch.Tensor], source: str) -> None:
