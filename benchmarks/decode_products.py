@@ -30,7 +30,7 @@ from common import comparison, emit, median, skipped
 
 from gptkit import native
 from gptkit.hardware import fbgemm_pack, onednn_linear, onednn_pack, packs_for_onednn
-from gptkit.model.layouts import Int8Linear, native_matrix, native_product
+from gptkit.model.layouts import Int8Linear
 
 D, VOCAB, LAYERS = 768, 50257, 12
 REPEATS = 7
@@ -65,9 +65,9 @@ def kernels(weights: list[torch.Tensor]) -> dict[str, tuple[callable, int] | str
         return lambda: [call(i, w) for i, w in enumerate(weights)]
 
     missing_native = None if native.available() else "the native kernels could not be built here"
-    matrices = [native_matrix(w) for w in weights]
+    matrices = [native.matrix(w) for w in weights]
     found["gptkit native, fp32"] = missing_native or (
-        each(lambda i, w: native_product(matrices[i], torch.float32, rows[w.size(1)])),
+        each(lambda i, w: native.product(matrices[i], torch.float32, rows[w.size(1)])),
         fp32_bytes,
     )
     found["PyTorch F.linear, fp32"] = (each(lambda i, w: F.linear(rows[w.size(1)], w)), fp32_bytes)
@@ -98,9 +98,9 @@ def kernels(weights: list[torch.Tensor]) -> dict[str, tuple[callable, int] | str
     halves = [w.bfloat16() for w in weights]
     half_rows = {n: r.bfloat16() for n, r in rows.items()}
     bf16_bytes = fp32_bytes // 2
-    half_matrices = [native_matrix(h) for h in halves]
+    half_matrices = [native.matrix(h) for h in halves]
     found["gptkit native, bf16"] = missing_native or (
-        each(lambda i, w: native_product(half_matrices[i], torch.bfloat16, rows[w.size(1)])),
+        each(lambda i, w: native.product(half_matrices[i], torch.bfloat16, rows[w.size(1)])),
         bf16_bytes,
     )
     found["PyTorch F.linear, bf16"] = (

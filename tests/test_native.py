@@ -15,7 +15,7 @@ import transformers
 
 from gptkit import GPT, GPTConfig, generate, native
 from gptkit.model import KVCache, layouts
-from gptkit.model.layouts import Int8Linear, NativeLinear, decoding_layout, native_matrix, quantize_int8
+from gptkit.model.layouts import Int8Linear, NativeLinear, decoding_layout, quantize_int8
 
 pytestmark = pytest.mark.skipif(not native.available(), reason="the native kernels are not used here")
 
@@ -401,10 +401,10 @@ def test_avx2_and_generic_builds_compute_what_pytorch_computes(flags, isa, tmp_p
     torch.manual_seed(0)
     weight, bias, x = torch.randn(71, 204), torch.randn(71), torch.randn(5, 204)
     y = torch.empty(5, 71)
-    kernels.product(native_matrix(weight, bias), native.FORMATS[torch.float32], x.data_ptr(), 5, y.data_ptr())
+    kernels.product(native.matrix(weight, bias), native.FORMATS[torch.float32], x.data_ptr(), 5, y.data_ptr())
     torch.testing.assert_close(y, x @ weight.t() + bias, rtol=1e-5, atol=1e-4)
     half = weight.bfloat16()
-    kernels.product(native_matrix(half, bias), native.FORMATS[torch.bfloat16], x.data_ptr(), 5, y.data_ptr())
+    kernels.product(native.matrix(half, bias), native.FORMATS[torch.bfloat16], x.data_ptr(), 5, y.data_ptr())
     torch.testing.assert_close(y, x @ half.float().t() + bias, rtol=1e-5, atol=1e-4)
     quantized = Int8Linear(weight, bias)
     kernels.product(quantized.matrix(), native.FORMATS[torch.int8], x.data_ptr(), 5, y.data_ptr())

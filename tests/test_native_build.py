@@ -22,7 +22,7 @@ import torch
 from gptkit import GPT, GPTConfig, generate, native
 from gptkit.model.layouts import NativeLinear, decoding_layout, quantize_int8
 
-pytestmark = pytest.mark.skipif(native._compiler() is None, reason="no C++ compiler here")
+pytestmark = pytest.mark.skipif(native.library._compiler() is None, reason="no C++ compiler here")
 
 FULL_FLAGS = ("-march=native", "-fopenmp")
 
@@ -122,14 +122,14 @@ def test_a_generic_build_is_built_but_not_used(fresh, monkeypatch):
         pytest.fail(f"generic flags are {native.flags()}")
     (message,) = decodes_with_pytorch_layouts_after_one_warning()
     assert "without vector code for this CPU (isa=generic" in message
-    compiler = native._compiler()
+    compiler = native.library._compiler()
     assert (fresh / native.library_name(compiler, ("-fopenmp",))).exists()
     assert not (fresh / native.library_name(compiler, FULL_FLAGS)).exists()
     assert native.report()["unusable"].startswith("built without vector code")
 
 
 def test_the_flags_are_part_of_the_cache_key():
-    compiler = native._compiler()
+    compiler = native.library._compiler()
     names = {
         native.library_name(compiler, flags)
         for flags in (FULL_FLAGS, ("-fopenmp",), ("-march=haswell", "-fopenmp"))
@@ -162,7 +162,7 @@ def test_the_library_is_built_once_per_source_and_machine(fresh):
 
 def test_without_a_compiler_decoding_keeps_pytorchs_layouts_with_one_warning(fresh, monkeypatch):
     monkeypatch.setenv("CXX", "")
-    monkeypatch.setattr(native, "_compiler", lambda: None)
+    monkeypatch.setattr(native.library, "_compiler", lambda: None)
     (message,) = decodes_with_pytorch_layouts_after_one_warning()
     assert "no C++ compiler found" in message
 
@@ -230,9 +230,11 @@ def plant(folder: Path, tmp_path: Path) -> Path:
     of its true size and hash beside it: only the folder's check stands between it and dlopen."""
     source = tmp_path / "planted.cpp"
     source.write_text(PLANTED)
-    name = native.library_name(native._compiler(), native.flags())
+    name = native.library_name(native.library._compiler(), native.flags())
     target = folder / name
-    subprocess.run([native._compiler(), "-shared", "-fPIC", str(source), "-o", str(target)], check=True)
+    subprocess.run(
+        [native.library._compiler(), "-shared", "-fPIC", str(source), "-o", str(target)], check=True
+    )
     write_record(target, target.read_bytes())
     return target
 

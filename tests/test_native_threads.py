@@ -13,7 +13,7 @@ import torch
 from gptkit import GPT, GPTConfig, generate, native
 from gptkit.generation import SamplingParams
 from gptkit.model import KVCache
-from gptkit.model.layouts import Int8Linear, decoding_layout, native_matrix
+from gptkit.model.layouts import Int8Linear, decoding_layout
 from gptkit.serve.batcher import Batcher
 from gptkit.serve.engine import Engine, GenerationRequest
 from gptkit.tokenizer import Tokenizer
@@ -65,7 +65,7 @@ def test_the_kernels_follow_torch_set_num_threads(restore_threads):
     # could set that thread's OpenMP count, which is OpenMP's default (the cores) until then.
     torch.set_num_threads(1)
     weight, x = torch.randn(40, 60), torch.randn(1, 60)
-    y, matrix = torch.empty(1, 40), native_matrix(weight)
+    y, matrix = torch.empty(1, 40), native.matrix(weight)
     seen = []
 
     def engine_thread():

@@ -11,12 +11,10 @@ import torch
 from gptkit import GPT, GPTConfig, hardware, native
 from gptkit.generation import generate, load_for_generation
 from gptkit.hardware import Support, onednn_packing_available, packs_for_onednn
-from gptkit.model import KVCache
+from gptkit.model import KVCache, linears
 from gptkit.model import layouts as quantize
 from gptkit.model.layouts import (
     DECODING_LAYOUT,
-    INT8_DYNAMIC_MAX_ROWS,
-    INT8_KERNEL_MAX_ROWS,
     FusedBlock,
     Int8Linear,
     NativeLinear,
@@ -28,13 +26,14 @@ from gptkit.model.layouts import (
     load_int8,
     quantize_int8,
 )
+from gptkit.model.linears import INT8_DYNAMIC_MAX_ROWS, INT8_KERNEL_MAX_ROWS
 from tests.conftest import SMALL_VOCAB
 
 
 def test_int8_linear_is_the_rounded_matrix_times_its_row_scales(monkeypatch):
     torch.manual_seed(0)
     linear = torch.nn.Linear(64, 48)
-    monkeypatch.setattr(quantize, "QUANTIZE_ROWS_AT_ONCE", 5)  # quantized in uneven groups of rows
+    monkeypatch.setattr(linears, "QUANTIZE_ROWS_AT_ONCE", 5)  # quantized in uneven groups of rows
     quantized = Int8Linear(linear.weight, linear.bias)
     # Each row: its largest magnitude maps to 127, every entry to the nearest multiple of that step.
     row_scale = linear.weight.detach().abs().amax(dim=1) / 127
@@ -291,7 +290,7 @@ def test_bf16_without_native_bf16_multiplies_a_prompt_in_fp32(monkeypatch):
     monkeypatch.setenv("GPTKIT_NATIVE", "0")
     monkeypatch.setattr(hardware, "cpu_bf16_native", lambda: Support(False, "no bf16 here"))
     monkeypatch.setattr(hardware, "matmul_dtype", lambda device: torch.float32)
-    monkeypatch.setattr(quantize, "matmul_dtype", lambda device: torch.float32)
+    monkeypatch.setattr(linears, "matmul_dtype", lambda device: torch.float32)
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=97, context_length=32, n_layer=2, n_head=2, d_model=32)
     original = GPT(config).to(torch.bfloat16).eval()

@@ -262,7 +262,7 @@ def _long_name(dtype: torch.dtype) -> str:
 
 @functools.cache
 def onednn_packing_available() -> bool:
-    """Whether weights can be prepacked for oneDNN's linear op here (gptkit.model.layouts.PackedLinear):
+    """Whether weights can be prepacked for oneDNN's linear op here (gptkit.model.linears.PackedLinear):
     an x86-64 CPU, where the gain was measured, and a PyTorch with the ops (private, hence checked)."""
     return (
         platform.machine().lower() in ("x86_64", "amd64")

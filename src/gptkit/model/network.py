@@ -166,7 +166,7 @@ class GPT(nn.Module):
         self.lm_head: nn.Module | None = None
         # "int8" or "decoding-layout" once gptkit.model.layouts has stored the weights for inference.
         self.inference_layout: str | None = None
-        # gptkit.model.layouts.NativeStep: every block of a decoding step in one native call, in a
+        # gptkit.model.native_step.NativeStep: every block of a decoding step in one native call, in a
         # native inference layout; None: the blocks one by one.
         self.native_step = None
         self.apply(self._init_weights)
