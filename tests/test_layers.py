@@ -32,6 +32,7 @@ LAYERS = {
     "gptkit.demo": 5,
     "gptkit.paper": 5,
     "gptkit.cli": 5,
+    "gptkit.cli_flags": 5,
     "gptkit.__main__": 5,
     "gptkit": 5,  # the package's public API gathers everything
 }
