@@ -16,6 +16,7 @@ from gptkit.data.registry import DATASETS, read_dataset
 from gptkit.evaluate.finetuned import correct_per_example, evaluate_model
 from gptkit.evaluate.zeroshot import zeroshot
 from gptkit.generation import load_for_generation
+from gptkit.paper import reports as reports_module
 from gptkit.paper import suite as suite_module
 from gptkit.paper.figures import TransferConfig, ZeroshotCurveConfig, transfer_curve, zeroshot_curve
 from gptkit.paper.scores import TABLE5, TABLE5_AVERAGE, TABLE5_TASKS, TASKS
@@ -135,7 +136,7 @@ def test_suite_scores_baselines_reports_and_resumes(pretrained, data_dir, tmp_pa
 
 
 def test_ablations_and_missing_data(pretrained, data_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(suite_module, "FEW_EXAMPLES", 10)  # 24 training rows count as a real task here
+    monkeypatch.setattr(reports_module, "FEW_EXAMPLES", 10)  # 24 training rows count as a real task here
     data = tmp_path / "data"
     data.mkdir()
     (data / "rte").symlink_to(data_dir / "rte")  # MRPC is not there
@@ -192,7 +193,7 @@ def test_seeds_each_run_apart_and_the_difference_counts_their_spread(
     with its own seed; each seed's score is read back from its own predictions, the score is their
     mean, and the difference's error is the seed-aware formula, recomputed here from the per-seed
     predictions."""
-    monkeypatch.setattr(suite_module, "FEW_EXAMPLES", 10)
+    monkeypatch.setattr(reports_module, "FEW_EXAMPLES", 10)
     out = tmp_path / "suite"
     config = _config(pretrained, data_dir, out, {"tasks": ["rte"], "variants": ["full", "no_pretraining"]})
     run_suite(config)

@@ -25,16 +25,9 @@ from gptkit.generation import load_for_generation
 from gptkit.hardware import DEVICE_HELP
 from gptkit.io import read_json, write_json
 from gptkit.model import GPT
+from gptkit.paper.reports import PREDICTIONS_NAME, seed_dir
 from gptkit.paper.scores import TASKS
-from gptkit.paper.suite import (
-    PREDICTIONS_NAME,
-    check_settings,
-    recorded_settings,
-    run_seeds,
-    seed_dir,
-    settings_of,
-    train_settings,
-)
+from gptkit.paper.suite import check_settings, recorded_settings, run_seeds, settings_of, train_settings
 from gptkit.train.finetune import FinetuneConfig
 from gptkit.train.rundir import RunDir
 

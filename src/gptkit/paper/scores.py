@@ -9,6 +9,7 @@ of matched and mismatched) beside its ablations.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -65,3 +66,12 @@ TABLE5: dict[str, dict[str, float]] = {
     "no_pretraining": dict(zip(TABLE5_TASKS, (18.9, 84.0, 79.4, 30.9, 65.5, 75.7, 71.2, 53.8))),
 }
 TABLE5_AVERAGE = {"full": 74.7, "no_aux_lm": 75.0, "no_pretraining": 59.9}
+
+
+# The variants `gptkit suite` runs: the full method and Table 5's ablations.
+Variant = Literal["full", "no_aux_lm", "no_pretraining"]
+VARIANTS: dict[str, str] = {
+    "full": "pre-trained, with the auxiliary LM objective (λ = 0.5)",
+    "no_aux_lm": "pre-trained, without the auxiliary LM objective (λ = 0)",
+    "no_pretraining": "the same architecture from random weights (λ = 0.5)",
+}
