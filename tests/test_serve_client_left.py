@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from gptkit.serve.app import _ClientLeft, _pool
 from gptkit.serve.batcher import Batcher
 from gptkit.serve.config import ServeLimits
+from gptkit.serve.endpoints import _ClientLeft, _pool
 
 
 class Client:

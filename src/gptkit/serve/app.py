@@ -1,4 +1,5 @@
-"""The HTTP side: FastAPI routes that check requests, hand them to the model they name and answer.
+"""The HTTP side: the FastAPI app, its routes, middleware and error answers, and the playground page;
+the endpoints' own work (reading a request, the model it names, the answer) is in ``endpoints``.
 
 Routes: ``POST /v1/completions`` (language models), ``POST /v1/classify`` (fine-tuned models; also
 at ``/classify``, as vLLM), ``POST /v1/embeddings`` (every model), ``GET /v1/models``,
@@ -10,72 +11,29 @@ asks for one in a field when the server has one.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import dataclasses
-import hmac
 import html
 import importlib.resources
-import json
 import logging
 import re
 import time
-import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 
-from gptkit.data.formats import DataError
-from gptkit.generation import start_ids
-from gptkit.serve.batcher import Batcher, BatchFailed
+from gptkit.serve import endpoints
 from gptkit.serve.config import ServeLimits
-from gptkit.serve.engine import Engine, EngineStopped, Event, GenerationRequest, QueueFull
 from gptkit.serve.metrics import Metrics
 from gptkit.serve.models import CLASSIFY, COMPLETIONS, EMBEDDINGS, ServedModel
 from gptkit.serve.openapi import openapi_document
-from gptkit.serve.pooling_protocol import parse_classify_request, parse_embedding_request
-from gptkit.serve.protocol import (
-    APIError,
-    CompletionRequest,
-    bad_request,
-    check_context,
-    parse_completion_request,
-    requested_model,
-)
-from gptkit.serve.responses import (
-    Choice,
-    LogprobsWriter,
-    chunk_body,
-    classification_body,
-    completion_body,
-    embeddings_body,
-    usage,
-)
+from gptkit.serve.protocol import APIError
 
 logger = logging.getLogger("gptkit.serve")
 
 _ENDPOINTS = {COMPLETIONS, CLASSIFY, "/classify", EMBEDDINGS, "/v1/models", "/health", "/metrics"}
-_POLL_SECONDS = 0.25  # how often a waiting request looks for its client having gone
-_ENGINE_ERRORS = {  # an engine "error" event → the HTTP answer
-    "timeout": (
-        408,
-        "the request ran past the server's time limit (--request-timeout)",
-        "timeout",
-        "request_timeout",
-    ),
-    "shutdown": (503, "the server is shutting down", "server_error", "shutting_down"),
-    "internal": (500, "the model failed while decoding this request", "server_error", None),
-}
-
-
-def _engine_error(kind: str) -> APIError:
-    status, message, type_, code = _ENGINE_ERRORS[kind]
-    return APIError(status, message, type=type_, code=code)
 
 
 class _RequestMetrics:
@@ -103,83 +61,6 @@ class _RequestMetrics:
             self.metrics.observe(endpoint, status, time.perf_counter() - started)
 
 
-class _Completion:
-    """The sequences of one ``/v1/completions`` request, and the events the engine sends them."""
-
-    def __init__(
-        self,
-        http: Request,
-        request: CompletionRequest,
-        prompts: list[tuple[list[int], str]],
-        timeout: float,
-        clock: Callable[[], float] = time.monotonic,
-    ):
-        """``timeout`` seconds on ``clock``: the engine's, which reads the deadline."""
-        self.http = http
-        self.request = request
-        self.id = f"cmpl-{uuid.uuid4().hex}"
-        self.created = int(time.time())
-        self.clock = clock
-        self.deadline = clock() + timeout
-        self.events: asyncio.Queue[Event] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-
-        def deliver(event: Event) -> None:  # called from the engine's thread
-            loop.call_soon_threadsafe(self.events.put_nowait, event)
-
-        self.prompt_tokens = sum(len(ids) for ids, _ in prompts)
-        self.choices: list[Choice] = []
-        self.sequences: list[GenerationRequest] = []
-        n, params = request.n, request.params
-        for p, (ids, text) in enumerate(prompts):
-            for j in range(n):
-                index = p * n + j
-                # Choice i of a seeded request samples with seed + i: reproducible, and not n copies.
-                seed = None if params.seed is None else (params.seed + index) % 2**64
-                choice_params = dataclasses.replace(params, seed=seed)
-                self.choices.append(Choice(index, ids, text, request.echo))
-                self.sequences.append(GenerationRequest(index, ids, choice_params, deliver, self.deadline))
-
-    async def stream_events(self, engine: Engine) -> AsyncIterator[Event]:
-        """The engine's events until every choice is done; stops (and cancels) if the client leaves."""
-        pending = len(self.sequences)
-        try:
-            while pending:
-                try:
-                    event = await asyncio.wait_for(self.events.get(), _POLL_SECONDS)
-                except asyncio.TimeoutError:
-                    if await self.http.is_disconnected():
-                        return
-                    if self.clock() > self.deadline + 10 or not engine.alive:  # the engine is stuck
-                        for choice in self.choices:
-                            if not choice.done:
-                                choice.add(Event(choice.index, error="internal"))
-                                yield Event(choice.index, error="internal")
-                        return
-                    continue
-                choice = self.choices[event.index]
-                was_done = choice.done
-                choice.add(event)
-                pending -= choice.done and not was_done
-                yield event
-        finally:
-            unfinished = [s for s, c in zip(self.sequences, self.choices) if not c.done]
-            for sequence in unfinished:
-                sequence.cancel()
-            if unfinished:
-                engine.wake()
-
-
-@dataclasses.dataclass(frozen=True)
-class _Server:
-    """What the routes share."""
-
-    models: dict[str, ServedModel]  # by name, in the order given
-    limits: ServeLimits
-    api_key: str | None
-    created: int  # when the server started, the models' "created"
-
-
 def create_app(
     models: Sequence[ServedModel],
     *,
@@ -190,7 +71,7 @@ def create_app(
     """The server's ASGI app; it starts the models' loops at startup and stops them at shutdown."""
     if not models:
         raise ValueError("a server needs at least one model")
-    server = _Server({model.name: model for model in models}, limits, api_key, int(time.time()))
+    server = endpoints.ServerState({model.name: model for model in models}, limits, api_key, int(time.time()))
     metrics = Metrics(models)
 
     @contextlib.asynccontextmanager
@@ -235,28 +116,28 @@ def create_app(
 
     @app.get("/v1/models")
     async def list_models(http: Request) -> dict:
-        _check_api_key(http, api_key)
-        return {"object": "list", "data": [_model_card(server, model) for model in models]}
+        endpoints.check_api_key(http, api_key)
+        return {"object": "list", "data": [endpoints.model_card(server, model) for model in models]}
 
     @app.get("/v1/models/{name}")
     async def get_model(http: Request, name: str) -> dict:
-        _check_api_key(http, api_key)
+        endpoints.check_api_key(http, api_key)
         if name not in server.models:
-            raise _model_not_found(name)
-        return _model_card(server, server.models[name])
+            raise endpoints.model_not_found(name)
+        return endpoints.model_card(server, server.models[name])
 
     @app.post(COMPLETIONS)
     async def completions(http: Request) -> Response:
-        return await _complete(server, http)
+        return await endpoints.complete(server, http)
 
     @app.post(CLASSIFY)
     @app.post("/classify")
     async def classify(http: Request) -> Response:
-        return await _classify(server, http)
+        return await endpoints.classify(server, http)
 
     @app.post(EMBEDDINGS)
     async def embeddings(http: Request) -> Response:
-        return await _embed(server, http)
+        return await endpoints.embed(server, http)
 
     # The page generates text: it talks to the first language model (or the first model, which then
     # tells it that it does not generate).
@@ -324,271 +205,3 @@ async def _unexpected_error(request: Request, error: Exception) -> JSONResponse:
     logger.exception("unexpected error answering %s", request.url.path)
     body = APIError(500, "the server had an error while processing your request", type="server_error")
     return JSONResponse(body.body(), status_code=500)
-
-
-def _check_api_key(http: Request, api_key: str | None) -> None:
-    if api_key is None:
-        return
-    scheme, _, token = http.headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise APIError(
-            401,
-            "You didn't provide an API key: send it as 'Authorization: Bearer YOUR_KEY'",
-            code="invalid_api_key",
-        )
-    # Constant time: how long the comparison takes says nothing about the key.
-    if not hmac.compare_digest(token.strip().encode(), api_key.encode()):
-        raise APIError(401, "Incorrect API key provided", code="invalid_api_key")
-
-
-def _model_card(server: _Server, model: ServedModel) -> dict:
-    """OpenAI's model object; gptkit adds the endpoints that answer for it and, for a fine-tuned
-    model, its task."""
-    card: dict[str, Any] = {
-        "id": model.name,
-        "object": "model",
-        "created": server.created,
-        "owned_by": "gptkit",
-    }
-    card["endpoints"] = list(model.endpoints)
-    if model.task is not None:
-        spec = model.task.spec
-        card.update(task=spec.task, regression=spec.regression, labels=spec.labels, n_choices=spec.n_choices)
-    return card
-
-
-async def _read_body(http: Request, limit: int) -> bytes:
-    too_large = APIError(
-        413, f"the request body is larger than this server's limit of {limit} bytes", code="request_too_large"
-    )
-    declared = http.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large
-    chunks, size = [], 0
-    async for chunk in http.stream():  # a chunked body has no length to check first
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def _read_json(http: Request, limit: int) -> Any:
-    """The request's JSON body (at most ``limit`` bytes)."""
-    try:
-        raw = await _read_body(http, limit)
-    except ClientDisconnect:
-        raise APIError(400, "the client went away before sending its whole request") from None
-    try:
-        return json.loads(raw)
-    except (ValueError, RecursionError) as e:
-        raise bad_request(
-            f"We could not parse the JSON body of your request ({type(e).__name__}: {str(e)[:200]}). "
-            "The OpenAI API expects a JSON payload"
-        ) from None
-
-
-def _served(server: _Server, body: Any, endpoint: str) -> ServedModel:
-    """The model a request names: 404 when none has that name, 400 when it does not answer ``endpoint``."""
-    name = requested_model(body)
-    model = server.models.get(name)
-    if model is None:
-        raise _model_not_found(name)
-    if endpoint not in model.endpoints:
-        raise APIError(
-            400,
-            f"The model `{name}` is {model.describe()}: it answers {' and '.join(model.endpoints)}, "
-            f"not {endpoint}",
-            param="model",
-            code="model_not_supported",
-        )
-    return model
-
-
-def _encode_prompts(engine: Engine, request: CompletionRequest) -> list[tuple[list[int], str]]:
-    """(token ids, text) of each prompt; each must leave room for max_tokens in the context."""
-    tokenizer, model = engine.tokenizer, engine.model
-    prompts = []
-    for prompt in request.prompts:
-        if isinstance(prompt, str):
-            ids = tokenizer.encode(prompt) if prompt else start_ids(model, tokenizer)
-            text = prompt
-        else:
-            ids, text = prompt, tokenizer.decode_text(prompt)
-        check_context(ids, request.params.max_tokens, model.config.context_length)
-        prompts.append((ids, text))
-    return prompts
-
-
-async def _complete(server: _Server, http: Request) -> Response:
-    """``POST /v1/completions``: check, queue, then answer whole or as a stream."""
-    _check_api_key(http, server.api_key)
-    body = await _read_json(http, server.limits.max_body_bytes)
-    served = _served(server, body, COMPLETIONS)
-    engine = served.engine
-    request = parse_completion_request(body, server.limits, engine.model.config.total_vocab_size)
-    logprobs = LogprobsWriter(engine.tokenizer)
-    prompts = _encode_prompts(engine, request)
-    completion = _Completion(http, request, prompts, server.limits.request_timeout, engine.clock)
-    try:
-        engine.submit(completion.sequences)
-    except QueueFull as e:
-        raise APIError(429, str(e), type="rate_limit_exceeded", code="queue_full") from None
-    except EngineStopped as e:
-        raise APIError(503, str(e), type="server_error", code="shutting_down") from None
-    if request.stream:
-        return StreamingResponse(
-            _sse(completion, engine, served.name, logprobs),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
-        )
-    async for _ in completion.stream_events(engine):
-        pass
-    for choice in completion.choices:
-        if choice.error is not None:
-            raise _engine_error(choice.error)
-    if not all(choice.done for choice in completion.choices):  # the client left: nobody reads this
-        return Response(status_code=499)
-    writer = logprobs if request.params.logprobs is not None else None
-    return JSONResponse(
-        completion_body(
-            completion.id,
-            completion.created,
-            served.name,
-            completion.choices,
-            completion.prompt_tokens,
-            writer,
-        )
-    )
-
-
-async def _classify(server: _Server, http: Request) -> Response:
-    """``POST /v1/classify``: the task's inputs → labels and probabilities, batched with other requests."""
-    _check_api_key(http, server.api_key)
-    body = await _read_json(http, server.limits.max_body_bytes)
-    served = _served(server, body, CLASSIFY)
-    task = served.task
-    request = parse_classify_request(body, server.limits, task.spec.task)
-    try:
-        examples = task.encode(request.rows)  # the task's own checks and input transformation
-    except DataError as e:
-        raise bad_request(f"'input' {e}", "input") from None
-    try:
-        records = await _pool(served.batchers[CLASSIFY], examples, server.limits, http)
-    except _ClientLeft:
-        return Response(status_code=499)  # nobody reads this
-    prompt_tokens = sum(len(sequence) for example in examples for sequence in example.sequences)
-    return JSONResponse(
-        classification_body(
-            f"classify-{uuid.uuid4().hex}", int(time.time()), served.name, records, prompt_tokens
-        )
-    )
-
-
-async def _embed(server: _Server, http: Request) -> Response:
-    """``POST /v1/embeddings``: each input's h_n at its last token (see :mod:`gptkit.serve.models`)."""
-    _check_api_key(http, server.api_key)
-    body = await _read_json(http, server.limits.max_body_bytes)
-    served = _served(server, body, EMBEDDINGS)
-    config = served.gpt.config
-    request = parse_embedding_request(body, server.limits, config.total_vocab_size, config.d_model)
-    sequences = []
-    for index, item in enumerate(request.inputs):
-        ids = served.tokenizer.encode(item) if isinstance(item, str) else item
-        if not ids:
-            raise bad_request(f"'input' item {index} holds no tokens", "input")
-        if len(ids) > served.max_input_tokens:
-            raise bad_request(
-                f"This model's maximum input length is {served.max_input_tokens} tokens, however input "
-                f"{index} has {len(ids)} tokens. Please reduce the length of the input.",
-                "input",
-                "context_length_exceeded",
-            )
-        sequences.append(served.embedding_input(ids))
-    try:
-        vectors = await _pool(served.batchers[EMBEDDINGS], sequences, server.limits, http)
-    except _ClientLeft:
-        return Response(status_code=499)  # nobody reads this
-    prompt_tokens = sum(len(sequence) for sequence in sequences)
-    return JSONResponse(embeddings_body(served.name, vectors, prompt_tokens, request.base64))
-
-
-class _ClientLeft(Exception):
-    """The client of a waiting classify or embeddings request disconnected."""
-
-
-async def _pool(batcher: Batcher, items: list, limits: ServeLimits, http: Request) -> list:
-    """Run ``items`` in the batcher's next batches; its failures as HTTP errors. A request whose
-    client disconnects while it waits is withdrawn (the batcher skips its inputs not yet run), as
-    a completion's decoding is stopped: raises :class:`_ClientLeft`."""
-    submitted = asyncio.ensure_future(batcher.submit(items, limits.request_timeout))
-    try:
-        while not submitted.done():
-            await asyncio.wait({submitted}, timeout=_POLL_SECONDS)
-            if not submitted.done() and await http.is_disconnected():
-                raise _ClientLeft
-        return submitted.result()
-    except QueueFull as e:
-        raise APIError(429, str(e), type="rate_limit_exceeded", code="queue_full") from None
-    except EngineStopped as e:
-        raise APIError(503, str(e), type="server_error", code="shutting_down") from None
-    except asyncio.TimeoutError:
-        raise _engine_error("timeout") from None
-    except BatchFailed:
-        raise APIError(500, "the model failed while running this request", type="server_error") from None
-    finally:
-        submitted.cancel()  # a no-op once done; else its inputs leave the queue
-
-
-def _model_not_found(model: str) -> APIError:
-    return APIError(
-        404,
-        f"The model `{model[:200]}` does not exist or you do not have access to it.",
-        param="model",
-        code="model_not_found",
-    )
-
-
-def _sse_data(body: dict | str) -> str:
-    return f"data: {body if isinstance(body, str) else json.dumps(body)}\n\n"
-
-
-async def _sse(
-    completion: _Completion, engine: Engine, model: str, writer: LogprobsWriter
-) -> AsyncIterator[str]:
-    """The server-sent events of a streamed completion, ending in ``data: [DONE]``."""
-    request = completion.request
-    with_logprobs = request.params.logprobs is not None
-    header = (completion.id, completion.created, model)
-    offsets = []  # where the next token of each choice starts in prompt + completion
-    for choice in completion.choices:
-        offsets.append(0 if choice.echo else len(choice.prompt_text))
-        if choice.echo and not with_logprobs:
-            yield _sse_data(chunk_body(*header, choice.index, choice.prompt_text))
-    async for event in completion.stream_events(engine):
-        choice = completion.choices[event.index]
-        if event.error is not None:
-            yield _sse_data(_engine_error(event.error).body())
-            continue
-        if event.prompt_logprobs is not None:  # echo with logprobs: the prompt and its scores first
-            entries = list(zip(choice.prompt_ids, event.prompt_logprobs))
-            pieces = writer.prompt_pieces(choice)
-            logprobs, offsets[event.index] = writer.write(entries, offsets[event.index], pieces)
-            yield _sse_data(chunk_body(*header, choice.index, choice.prompt_text, logprobs))
-            continue
-        logprobs = None
-        if with_logprobs and event.token_id is not None and event.logprob is not None:
-            # The chunk's text is its token's: what the stream sends with it.
-            logprobs, offsets[event.index] = writer.write(
-                [(event.token_id, event.logprob)], offsets[event.index], [event.text]
-            )
-        if event.text or logprobs is not None or event.finish_reason is not None:
-            yield _sse_data(chunk_body(*header, choice.index, event.text, logprobs, event.finish_reason))
-    if not all(choice.done for choice in completion.choices):
-        return  # the client went away
-    if request.include_usage:
-        completion_tokens = sum(c.completion_tokens for c in completion.choices)
-        last = chunk_body(*header, 0, "")
-        last.update(choices=[], usage=usage(completion.prompt_tokens, completion_tokens))
-        yield _sse_data(last)
-    yield _sse_data("[DONE]")
