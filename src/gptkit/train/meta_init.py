@@ -215,24 +215,15 @@ def build_sharded(
         if param is not None
     }
     wrapped = wrap_model(model, ctx, train)
-    calls = {
-        id(param): where[(id(module), name)]
-        for module in model.modules()
-        for name, param in module._parameters.items()
-        if param is not None
-    }
+    params = {id(param) for param in model.parameters()}
     # The shards live where FSDP2 keeps them: on the host with CPU offload, else on the device.
     # Buffers are not offloaded: FSDP2 keeps them on the device, where the forward pass reads them.
     device = torch.device("cpu") if train.fsdp_offload else ctx.device
-    scratch = recorder.scratch
-    to_come = Counter(
-        call.largest_block(p.shape, p.dtype) for p in model.parameters() for call in [calls[id(p)]]
-    )
 
     def materialised(tensor: torch.Tensor) -> torch.Tensor:
         """``tensor``'s memory, as ``to_empty`` makes it: a parameter's shard where FSDP2 keeps it,
         a buffer on the processes' device (computed below)."""
-        return torch.empty_like(tensor, device=device if id(tensor) in calls else ctx.device)
+        return torch.empty_like(tensor, device=device if id(tensor) in params else ctx.device)
 
     with torch.no_grad():
         # to_empty's own path (nn.Module._apply, after which FSDP2 takes up the new shards). The
@@ -240,26 +231,33 @@ def build_sharded(
         # (rank 1's rows of GPT-2 medium's token embedding: 98 MiB), and an unfilled tensor's pages
         # are not yet resident, so that copy adds nothing to the peak.
         model._apply(materialised)
-        filled: set[int] = set()
-        for module in model.modules():
-            for name, param in module._parameters.items():
-                if param is None or id(param) in filled:  # a tied weight is filled once
-                    continue
-                filled.add(id(param))
-                call = where[(id(module), name)]
-                local = param.to_local() if hasattr(param, "to_local") else param
-                start, stop = dim0_rows(param.shape[0], ctx.rank, ctx.world_size)
-                if local.shape != (stop - start, *param.shape[1:]):
-                    raise RuntimeError(
-                        f"meta initialisation: a shard of shape {tuple(local.shape)}, not the "
-                        f"{(stop - start, *param.shape[1:])} of FSDP2's dim-0 chunks of {tuple(param.shape)}"
-                    )
-                call.fill(param.shape, param.dtype, scratch, (start, stop), local)
-                to_come[call.largest_block(param.shape, param.dtype)] -= 1
-                scratch.fit(max((size for size, n in to_come.items() if n > 0), default=0))
+        _fill_shards(model, where, recorder.scratch, ctx)
         _restore_buffers(model)
     torch.set_rng_state(after_build)
     return model, wrapped
+
+
+def _fill_shards(model: nn.Module, where: dict, scratch: _Scratch, ctx: DistributedContext) -> None:
+    """Each parameter's shard (this rank's rows) filled from ``where`` (its module and name -> the
+    init call or loaded tensor), a block or a parameter at a time through ``scratch``, which keeps
+    no more than what the parameters still to come need."""
+    todo: dict[int, tuple[nn.Parameter, object]] = {}  # a tied weight is filled once
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                todo.setdefault(id(param), (param, where[(id(module), name)]))
+    to_come = Counter(call.largest_block(p.shape, p.dtype) for p, call in todo.values())
+    for param, call in todo.values():
+        local = param.to_local() if hasattr(param, "to_local") else param
+        start, stop = dim0_rows(param.shape[0], ctx.rank, ctx.world_size)
+        if local.shape != (stop - start, *param.shape[1:]):
+            raise RuntimeError(
+                f"meta initialisation: a shard of shape {tuple(local.shape)}, not the "
+                f"{(stop - start, *param.shape[1:])} of FSDP2's dim-0 chunks of {tuple(param.shape)}"
+            )
+        call.fill(param.shape, param.dtype, scratch, (start, stop), local)
+        to_come[call.largest_block(param.shape, param.dtype)] -= 1
+        scratch.fit(max((size for size, n in to_come.items() if n > 0), default=0))
 
 
 @dataclass
