@@ -17,6 +17,7 @@ from torch.utils._pytree import tree_flatten
 
 from gptkit.cli import main
 from gptkit.config import GPTConfig
+from gptkit.model import GPT
 from gptkit.train.config import TrainConfig
 from gptkit.train.cuda_autocast import cuda_autocast_rules
 from gptkit.train.estimate import (
@@ -32,7 +33,7 @@ from gptkit.train.estimate import (
 )
 from gptkit.train.finetune import FinetuneConfig, LoRAConfig
 from gptkit.train.loop import Trainer
-from gptkit.train.run import ModelShape
+from gptkit.train.run import ModelShape, build_model, sequence_length
 from gptkit.train.simulation import build_trainer, simulate, simulated_ranks
 from gptkit.train.torch_internals import fake_tensor_mode
 
@@ -71,6 +72,23 @@ def test_published_shapes_are_known_without_downloading():
         model_config(ModelShape(init="gpt2", n_layer=3))
     with pytest.raises(ValueError, match=r"knows openai-gpt, gpt2.*give its shape"):
         model_config(ModelShape(init="someone/model"))
+
+
+def test_a_longer_context_than_the_loaded_model_is_refused_by_the_estimate_and_the_run(tmp_path):
+    """One rule for both: loaded weights keep their shape, a shorter context is allowed, a longer
+    one (more positions than the model has rows of W_p) is not."""
+    GPT(GPTConfig.from_preset("tiny")).save_pretrained(tmp_path)
+    shorter, longer = (
+        ModelShape(init=str(tmp_path), context_length=32),
+        ModelShape(init=str(tmp_path), context_length=65),
+    )
+    assert model_config(shorter).context_length == CONTEXT  # the model's; runs train on 32 of it
+    assert build_model(shorter, VOCAB).config.context_length == CONTEXT
+    assert sequence_length(shorter, model_config(shorter)) == 32
+    with pytest.raises(ValueError, match=r"context_length.*65 differs from the loaded model's 64"):
+        model_config(longer)
+    with pytest.raises(ValueError, match=r"context_length.*65 differs from the loaded model's 64"):
+        build_model(longer, VOCAB)
 
 
 def test_one_device_states_equal_hand_arithmetic():

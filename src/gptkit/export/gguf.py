@@ -156,10 +156,7 @@ def export_gguf(
     gguf = require_extra("gguf", "GGUF export")
     if quantize not in get_args(GGUFQuantize):
         raise ValueError(f"quantize must be one of {', '.join(get_args(GGUFQuantize))}, got {quantize!r}")
-    if model.inference_layout:
-        raise ValueError(
-            f"the model's weights are in an inference-only format ({model.inference_layout}): export the original"
-        )
+    model.require_original_weights("export")
     config = model.config
     check_gguf_support(config)
     tokens, token_types = vocabulary(tokenizer, config.total_vocab_size)

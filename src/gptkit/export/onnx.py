@@ -105,10 +105,7 @@ def export_onnx(model: GPT, path: str | Path, *, past: bool = False) -> Path:
     past ONNX's 2 GB limit for one file gets its weights in ``path`` + ``.data`` beside it."""
     require_extra("onnx", "ONNX export")
     require_extra("onnxscript", "ONNX export")
-    if model.inference_layout:
-        raise ValueError(
-            f"the model's weights are in an inference-only format ({model.inference_layout}): export the original"
-        )
+    model.require_original_weights("export")
     dtype = next(model.parameters()).dtype
     if dtype != torch.float32:
         raise ValueError(f"ONNX export takes a float32 model, got {dtype}: load it with dtype=torch.float32")

@@ -437,12 +437,18 @@ class GPT(nn.Module):
             if convert_block is not None:
                 self.h[i] = convert_block(block)
 
-    def save_pretrained(self, directory: str | Path) -> None:
-        """Write ``config.json`` and ``model.safetensors`` in the Hugging Face format."""
+    def require_original_weights(self, action: str) -> None:
+        """Refuse ``action`` (save, export) where the weights are in an inference-only layout
+        (int8, packed, native): only the original weights can be written out."""
         if self.inference_layout:
             raise ValueError(
-                f"this model's weights are in an inference-only format ({self.inference_layout}): save the original"
+                f"this model's weights are in an inference-only format ({self.inference_layout}): "
+                f"{action} the original"
             )
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write ``config.json`` and ``model.safetensors`` in the Hugging Face format."""
+        self.require_original_weights("save")
         save_state_dict(self.config, self.state_dict(), directory)
 
 

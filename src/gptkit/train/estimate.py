@@ -20,6 +20,7 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
+from gptkit import hub
 from gptkit.config import GPTConfig, check_choices, config_error
 from gptkit.data.tasks import TaskSpec
 from gptkit.io import read_json
@@ -29,17 +30,12 @@ from gptkit.model.task import TaskModel
 from gptkit.model.weights import CONFIG_NAME, config_from_hf
 from gptkit.train.config import TrainConfig
 from gptkit.train.finetune import FinetuneConfig
-from gptkit.train.run import ModelShape
+from gptkit.train.run import ModelShape, check_loaded_shape, sequence_length
 from gptkit.train.simulation import CATEGORIES, HOST_STATES, Estimate, Simulation, simulate
 
-# The published models' shapes by their Hub names: known without downloading anything.
-PUBLISHED = {
-    "openai-gpt": "gpt1",
-    "gpt2": "gpt2",
-    "gpt2-medium": "gpt2-medium",
-    "gpt2-large": "gpt2-large",
-    "gpt2-xl": "gpt2-xl",
-}
+# The published models the estimate knows by their Hub short names, without downloading: each is
+# its preset of the same name (GPT-1's is "gpt1").
+PUBLISHED = {name: "gpt1" if name == "openai-gpt" else name for name in hub.SHORT_NAMES}
 USABLE_FRACTION = 0.9  # of --memory: the CUDA context and the allocator's fragmentation take the rest
 
 
@@ -125,7 +121,7 @@ def parse_size(text: str) -> int:
 def model_config(shape: ModelShape) -> GPTConfig:
     """The GPTConfig a run of ``shape`` builds: a preset with overrides, or ``init``'s (a published
     name, known here, or a folder with a config.json), whose shape overrides may only shorten the
-    context, as :func:`gptkit.train.run.build_model` allows."""
+    context (:func:`gptkit.train.run.check_loaded_shape`, the runs' own rule)."""
     if not shape.init:
         return GPTConfig.from_preset(shape.preset, **shape.overrides())
     name = shape.init.removeprefix("openai-community/")
@@ -134,14 +130,7 @@ def model_config(shape: ModelShape) -> GPTConfig:
     else:
         path = _config_folder(shape.init)
         loaded = config_from_hf(read_json(path / CONFIG_NAME), str(path / CONFIG_NAME))
-    for key, value in shape.overrides().items():
-        if key in ("dropout", "context_length") or getattr(loaded, key) == value:
-            continue
-        raise config_error(
-            shape,
-            key,
-            f"{value} differs from {shape.init}'s {getattr(loaded, key)}: loaded weights keep their shape",
-        )
+    check_loaded_shape(loaded, shape)
     if shape.dropout is not None:
         loaded = dataclasses.replace(loaded, dropout=shape.dropout)
     return loaded
@@ -155,11 +144,6 @@ def _config_folder(init: str) -> Path:
             f"{CONFIG_NAME}; for another model give its shape (--preset, --n-layer, --d-model, ...)"
         )
     return path
-
-
-def sequence_length(shape: ModelShape, config: GPTConfig, max_length: int | None = None) -> int:
-    length = min(shape.context_length or config.context_length, config.context_length)
-    return min(max_length or length, length)
 
 
 # The simulated run ----------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import dataclasses
 import math
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -62,6 +63,7 @@ from gptkit.train.run import (
     resuming,
     run_config,
     run_stage,
+    sequence_length,
 )
 from gptkit.train.rundir import RunDir
 
@@ -213,15 +215,14 @@ def task_spec(
     config: FinetuneConfig, examples: list[Example], gpt: GPT, specials: dict[str, int], metric: str
 ) -> TaskSpec:
     """The task as the model will know it: layout, labels, input limit."""
-    # A context shorter than the loaded model's (--context-length) bounds the inputs too.
-    context_length = min(config.model.context_length or gpt.config.context_length, gpt.config.context_length)
     multiple_choice = config.task == "multiple_choice" and examples
     return TaskSpec(
         task=config.task,
         labels=task_labels(config, examples),
         regression=config.regression,
         n_choices=len(examples[0].fields["choices"]) if multiple_choice else None,
-        max_length=min(config.max_length or context_length, context_length),
+        # A context shorter than the loaded model's (--context-length) bounds the inputs too.
+        max_length=sequence_length(config.model, gpt.config, config.max_length),
         metric=metric,
         specials=specials,
     )
@@ -244,6 +245,54 @@ def finetune(config: FinetuneConfig) -> dict:
         return _finetune(config, metric, tokenizer_dir, out_dir, ctx)
 
 
+@dataclass
+class _Prepared:
+    """What a fine-tuning trains: the task model over its transformer, the encoded data and the
+    training settings with their step counts resolved."""
+
+    tokenizer: Tokenizer
+    specials: dict[str, int]
+    model: TaskModel
+    batches: ExampleBatches
+    encoded_dev: list[EncodedExample]
+    train: TrainConfig
+    skipped: dict[str, int]  # bad rows left out, by split
+
+    @property
+    def examples(self) -> dict[str, int]:
+        return {"train": len(self.batches.examples), "dev": len(self.encoded_dev)}
+
+
+def _prepare(config: FinetuneConfig, metric: str, tokenizer_dir: str, ctx: DistributedContext) -> _Prepared:
+    """The tokenizer, the transformer (pre-trained or new), the task read and encoded, the head W_y
+    drawn from the seed alone (pre-trained and random sides share it), and the batches."""
+    tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
+    specials = special_token_ids(tokenizer)
+    train = config.training
+    torch.manual_seed(train.seed)
+    gpt = build_gpt(config, tokenizer, specials)
+    train_examples = load_examples(config, "train")[: config.max_train_examples]
+    dev_examples = load_examples(config, "dev")[: config.max_eval_examples]
+    spec = task_spec(config, train_examples, gpt, specials, metric)
+    encoded_train, skipped_train = encode_examples(
+        train_examples, spec, tokenizer.encode, skip_bad_rows=config.skip_bad_rows
+    )
+    encoded_dev, skipped_dev = encode_examples(
+        dev_examples, spec, tokenizer.encode, skip_bad_rows=config.skip_bad_rows
+    )
+    if ctx.is_main and (skipped_train or skipped_dev):
+        print(f"skipped bad rows: {skipped_train} in train, {skipped_dev} in dev")
+    torch.manual_seed(train.seed)  # W_y from the seed alone: pre-trained and random sides share it
+    model = TaskModel(gpt, spec, config.clf_dropout, config.lm_coef, tokenizer).to(ctx.device)
+    torch.manual_seed(train.seed + ctx.rank)
+    batches = ExampleBatches(
+        encoded_train, spec, train, ctx.rank, ctx.world_size, group_by_length=config.group_by_length
+    )
+    train = resolved_training(train, config.epochs, batches.steps_per_epoch)
+    skipped = {"train": skipped_train, "dev": skipped_dev}
+    return _Prepared(tokenizer, specials, model, batches, encoded_dev, train, skipped)
+
+
 def _finetune(
     config: FinetuneConfig,
     metric: str,
@@ -252,33 +301,12 @@ def _finetune(
     ctx: DistributedContext,
 ) -> dict:
     """:func:`finetune`'s work, while the run directory is held and the process group runs."""
-    tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
-    specials = special_token_ids(tokenizer)
-    train = config.training
-    torch.manual_seed(train.seed)
-    gpt = build_gpt(config, tokenizer, specials)
-
-    train_examples = load_examples(config, "train")[: config.max_train_examples]
-    dev_examples = load_examples(config, "dev")[: config.max_eval_examples]
-    spec = task_spec(config, train_examples, gpt, specials, metric)
-    encode = tokenizer.encode
-    encoded_train, skipped_train = encode_examples(
-        train_examples, spec, encode, skip_bad_rows=config.skip_bad_rows
-    )
-    encoded_dev, skipped_dev = encode_examples(dev_examples, spec, encode, skip_bad_rows=config.skip_bad_rows)
-    if ctx.is_main and (skipped_train or skipped_dev):
-        print(f"skipped bad rows: {skipped_train} in train, {skipped_dev} in dev")
-
-    torch.manual_seed(train.seed)  # W_y from the seed alone: pre-trained and random sides share it
-    model = TaskModel(gpt, spec, config.clf_dropout, config.lm_coef, tokenizer).to(ctx.device)
-    torch.manual_seed(train.seed + ctx.rank)
-    batches = ExampleBatches(
-        encoded_train, spec, train, ctx.rank, ctx.world_size, group_by_length=config.group_by_length
-    )
-    train = resolved_training(train, config.epochs, batches.steps_per_epoch)
+    run = _prepare(config, metric, tokenizer_dir, ctx)
+    model, spec, encoded_dev = run.model, run.model.spec, run.encoded_dev
 
     def save_model(directory: Path, state: dict[str, torch.Tensor]) -> None:
-        save_task_model(directory, gpt.config, state, {**model.task_info(), **lora_info(config, specials)})
+        info = {**model.task_info(), **lora_info(config, run.specials)}
+        save_task_model(directory, model.gpt.config, state, info)
 
     def load_model_state(checkpoint: Path) -> dict[str, torch.Tensor]:
         # A LoRA checkpoint holds the adapter alone: the frozen rest is the model's own.
@@ -294,45 +322,60 @@ def _finetune(
         return {f"dev_{k}": v for k, v in metrics.items()}
 
     best = BestModel(out_dir, metric, save_model, ctx, resuming(config.resume, out_dir))
-    examples = {"train": len(encoded_train), "dev": len(encoded_dev)}
+    described = run_config(
+        "finetune",
+        config,
+        run.train,
+        model.gpt.config,
+        task=spec.to_dict(),
+        examples=run.examples,
+        skipped_rows=run.skipped,
+    )
     trainer = Trainer(
-        wrap_model(model, ctx, train),
-        train,
-        batches,
+        wrap_model(model, ctx, run.train),
+        run.train,
+        run.batches,
         out_dir,
         save_model,
         ctx=ctx,
         evaluate=evaluate,
         after_evaluate=best,
-        run_config=run_config(
-            "finetune",
-            config,
-            train,
-            gpt.config,
-            task=spec.to_dict(),
-            examples=examples,
-            skipped_rows={"train": skipped_train, "dev": skipped_dev},
-        ),
+        run_config=described,
     )
     if ctx.is_main:
-        tokenizer.save_pretrained(out_dir)
+        run.tokenizer.save_pretrained(out_dir)
     if resuming(config.resume, out_dir):  # --resume, or a worker group torchrun restarted
         resume_latest(trainer, load_model_state)
     trainer.fit()
     if ctx.is_main and config.merge and best.best.get("step") is not None:
         # The best adapter, applied to its base and merged: a full model like any other.
         TaskModel.from_pretrained(out_dir, device="cpu").save_pretrained(out_dir / MERGED_DIR)
+    return _results(config, metric, run, best, trainer.step, (trained, total), out_dir, ctx)
+
+
+def _results(
+    config: FinetuneConfig,
+    metric: str,
+    run: _Prepared,
+    best: BestModel,
+    steps: int,
+    parameters: tuple[int, int],
+    out_dir: Path,
+    ctx: DistributedContext,
+) -> dict:
+    """What the run returns and keeps in results.json: the best dev scores and their step, with
+    what it trained (``parameters``: trained, all)."""
     results = {
-        "task": spec.task,
+        "task": run.model.spec.task,
         "metric": metric,
         "best_step": best.best.get("step"),
         "best": best.best.get("metrics", {}),
-        "steps": trainer.step,
-        "examples": examples,
+        "steps": steps,
+        "examples": run.examples,
         "lm_coef": config.lm_coef,
         "init": config.model.init,
-        "trainable_parameters": trained,
-        "parameters": total,
+        "trainable_parameters": parameters[0],
+        "parameters": parameters[1],
     }
     if ctx.is_main:
         write_json(RunDir(out_dir).results, results)

@@ -106,7 +106,16 @@ def build_model(shape: ModelShape, vocab_size: int) -> GPT:
 def adapted(model: GPT, shape: ModelShape) -> GPT:
     """A model of loaded weights (``shape.init``) with ``shape``'s dropout; an override that
     disagrees with its shape is an error (see :func:`build_model`)."""
-    loaded = model.config
+    check_loaded_shape(model.config, shape)
+    if shape.dropout is not None:
+        model.set_dropout(shape.dropout)  # the layers' rates, not only the recorded one
+    return model
+
+
+def check_loaded_shape(loaded: GPTConfig, shape: ModelShape) -> None:
+    """Refuse an override of ``shape`` that disagrees with ``loaded``, the config of ``shape.init``'s
+    weights: they keep their shape. A shorter context (training on shorter sequences) and dropout
+    are allowed. The runs and the estimate check with this one rule."""
     for name, value in shape.overrides().items():
         if name == "dropout" or (name == "context_length" and value <= loaded.context_length):
             continue
@@ -117,9 +126,13 @@ def adapted(model: GPT, shape: ModelShape) -> GPT:
                 f"{value} differs from the loaded model's {getattr(loaded, name)} ({shape.init}): "
                 "loaded weights keep their shape; drop the flag or --init",
             )
-    if shape.dropout is not None:
-        model.set_dropout(shape.dropout)  # the layers' rates, not only the recorded one
-    return model
+
+
+def sequence_length(shape: ModelShape, config: GPTConfig, max_length: int | None = None) -> int:
+    """The longest sequence a run of a model of ``config`` trains on: its context, or the shorter
+    one ``shape`` asks for, and at most a task's ``max_length``."""
+    length = min(shape.context_length or config.context_length, config.context_length)
+    return min(max_length or length, length)
 
 
 def base_vocab_size(tokenizer: Tokenizer) -> int:
