@@ -1,7 +1,8 @@
 """The layers point one way: io → tokenizer/data → model → train → generation/evaluate/serve → cli.
 
 Read from the source (every ``import gptkit...`` of every module, in functions too), so a new upward
-import fails here before it becomes an import circle.
+import fails here before it becomes an import circle. And every module and function is short enough
+to read in one sitting.
 """
 
 from __future__ import annotations
@@ -119,3 +120,21 @@ def test_no_import_circle():
     for module in sorted(graph):
         visit(module)
     assert not cycles, "\n".join(cycles)
+
+
+# A room a newcomer reads in one sitting: a module at most this many lines, a function at most this.
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 500, 60
+
+
+def test_every_module_and_function_of_the_package_reads_in_one_sitting():
+    too_long = []
+    for path in sorted(SRC.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            too_long.append(f"{module_name(path)}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    too_long.append(f"{module_name(path)}.{node.name}: {lines} lines")
+    assert not too_long, "\n".join(too_long)

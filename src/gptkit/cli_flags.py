@@ -78,6 +78,44 @@ class _DeprecatedFlag(argparse.Action):
         setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
 
 
+def _flag_options(
+    f: dataclasses.Field, hint: Any, dest: str, default: Any, help: str | None
+) -> tuple[bool, dict[str, Any]]:
+    """(whether the flag takes a list, argparse's options for the flag of field ``f``): its type and
+    choices, help (the command's words ``help``, else the field's) with the default, how many values."""
+    kind, choices, container = _base_type(hint)
+    is_list = container is not None
+    text = help if help is not None else f.metadata.get("help", "")
+    options: dict[str, Any] = {"help": _help(text, default), "default": None}
+    if kind is bool:
+        options["action"] = argparse.BooleanOptionalAction
+    else:
+        options.update(type=kind, choices=choices)
+        if not choices:
+            options["metavar"] = f.metadata.get("metavar", dest.upper())
+        if is_list:
+            options["nargs"] = "+" if default is dataclasses.MISSING else "*"
+            if f.metadata.get("repeat"):  # --stop A --stop B
+                options.update(action="append", nargs=None)
+    if "replaced_by" in f.metadata:  # the field is an old flag itself: it says so when used
+        options.update(action=_DeprecatedFlag, new_flag=_flag(f.metadata["replaced_by"]))
+    return is_list, options
+
+
+def _add_old_spellings(group, f: dataclasses.Field, dest: str, options: dict[str, Any]) -> None:
+    """The field's deprecated flags, hidden, and its deprecated switches (a flag without a value
+    that sets one), each warning when used."""
+    for old in f.metadata.get("deprecated", ()):
+        hidden = {**options, "help": argparse.SUPPRESS, "action": _DeprecatedFlag}
+        group.add_argument(_flag(old), dest=dest, new_flag=_flag(dest), **hidden)
+    for old, value in f.metadata.get("deprecated_switches", {}).items():
+        new_flag = f"{_flag(dest)} {value:g}"
+        group.add_argument(
+            _flag(old), dest=dest, action=_DeprecatedFlag, nargs=0, const=value, default=None,
+            new_flag=new_flag, help=f"Deprecated spelling of {new_flag}.",
+        )  # fmt: skip
+
+
 def add_dataclass_arguments(
     parser: argparse.ArgumentParser,
     cls,
@@ -124,23 +162,8 @@ def add_dataclass_arguments(
         if group is None:  # made at the first flag: a config whose flags are all hidden shows no group
             text = description or (cls.__doc__ or "").split("\n\n")[0]
             group = parser.add_argument_group(cls.__name__, text)
-        kind, choices, container = _base_type(hints[f.name])
-        is_list = container is not None
         required = default is dataclasses.MISSING
-        text = helps.get(dest, f.metadata.get("help", ""))
-        options: dict[str, Any] = {"help": _help(text, default), "default": None}
-        if kind is bool:
-            options["action"] = argparse.BooleanOptionalAction
-        else:
-            options.update(type=kind, choices=choices)
-            if not choices:
-                options["metavar"] = f.metadata.get("metavar", dest.upper())
-            if is_list:
-                options["nargs"] = "+" if required else "*"
-                if f.metadata.get("repeat"):  # --stop A --stop B
-                    options.update(action="append", nargs=None)
-        if "replaced_by" in f.metadata:  # the field is an old flag itself: it says so when used
-            options.update(action=_DeprecatedFlag, new_flag=_flag(f.metadata["replaced_by"]))
+        is_list, options = _flag_options(f, hints[f.name], dest, default, helps.get(dest))
         if f.metadata.get("positional"):
             options.pop("default")
             if not required:
@@ -148,15 +171,7 @@ def add_dataclass_arguments(
             group.add_argument(dest, **options)
             continue
         group.add_argument(_flag(dest), dest=dest, required=required and not config_file, **options)
-        for old in f.metadata.get("deprecated", ()):
-            hidden = {**options, "help": argparse.SUPPRESS, "action": _DeprecatedFlag}
-            group.add_argument(_flag(old), dest=dest, new_flag=_flag(dest), **hidden)
-        for old, value in f.metadata.get("deprecated_switches", {}).items():
-            new_flag = f"{_flag(dest)} {value:g}"
-            group.add_argument(
-                _flag(old), dest=dest, action=_DeprecatedFlag, nargs=0, const=value, default=None,
-                new_flag=new_flag, help=f"Deprecated spelling of {new_flag}.",
-            )  # fmt: skip
+        _add_old_spellings(group, f, dest, options)
 
 
 def flag_names(cls, only: set[str] | None = None, prefix: str = "") -> list[str]:

@@ -1,4 +1,39 @@
-"""Task metrics: accuracy, F1, Matthews correlation, Pearson and Spearman correlation."""
+"""Task metrics: accuracy, F1, Matthews correlation, Pearson and Spearman correlation; paired
+differences between two systems on the same examples, and over seeds.
+
+The error of a difference over N seeds (:func:`seed_standard_error`). Model: the difference on
+example j with seed i is x_ij = Δ + a_j + t_i + e_ij, with a_j the example's own effect (variance
+σ_a², shared by every seed, as every seed scores the same examples), t_i the training noise (σ_t²)
+and e_ij the rest (σ_e²); d_i is seed i's mean over the n examples, s_i its paired standard error
+over them, P that of the seed-averaged difference. The estimate d̄ = mean_i d_i has
+
+    Var(d̄) = σ_t²/N + σ_a²/n + σ_e²/(nN).
+
+The example term σ_a²/n does not shrink with more seeds, so the spread of the d_i alone misses
+it; the s_i alone miss σ_t². Their expected values give each piece:
+
+    E[Var_i(d_i)] = σ_t² + σ_e²/n            (sample variance across seeds)
+    E[s_i²]       = (σ_a² + σ_e²)/n
+    E[P²]         = (σ_a² + σ_e²/N)/n
+    so  σ_a²/n    = (N·P² − mean_i s_i²)/(N − 1)   in expectation, and
+
+    SE² = max(B + E, mean_i s_i²/N),  B = Var_i(d_i)/N,  E = max(0, (N·P² − mean_i s_i²)/(N − 1)).
+
+Without the max this is unbiased (for accuracy it is the two-way random-effects ANOVA's
+(MS_seeds + MS_examples − MS_residual)/(nN)); the max keeps a noisy estimate of σ_a²/n from
+going below 0, so the error is never below the spread across seeds; and since Var(d̄) is at least
+(σ_a² + σ_e²)/(nN), the examples' noise of the seeds' average, whose estimate is mean_i s_i²/N,
+SE² never goes below that either (two seeds that agree by chance have no spread, and B + E
+would then claim no error at all). Adding mean_i s_i² instead of E would count σ_e² twice.
+
+B rests on N − 1 degrees of freedom: with 3 seeds and training noise that dominates, ±2 SE
+covers the true difference only about 82% of the time. The threshold is Cochran and Cox's for a
+sum of two variance estimates: each term's two-sided 95% t quantile (N − 1 and n − 1 degrees of
+freedom) weighted by its share of SE², and never below 2; 4.30 when B is all of it with 3 seeds,
+2 when E is. (Satterthwaite's degrees of freedom, estimated from the same data, covered 92–93%
+in simulation when training noise was large: a seed spread low by chance raises them just when
+the error is too small.)
+"""
 
 from __future__ import annotations
 
@@ -205,37 +240,9 @@ def seed_standard_error(
     over examples, ``pooled_stderr`` P the paired standard error over examples of the seed-averaged
     difference (each resample of examples shared by every seed).
 
-    Model: the difference on example j with seed i is x_ij = Δ + a_j + t_i + e_ij, with a_j the
-    example's own effect (variance σ_a², shared by every seed, as every seed scores the same
-    examples), t_i the training noise (σ_t²) and e_ij the rest (σ_e²). The estimate d̄ = mean_i d_i has
-
-        Var(d̄) = σ_t²/N + σ_a²/n + σ_e²/(nN).
-
-    The example term σ_a²/n does not shrink with more seeds, so the spread of the d_i alone misses
-    it; the s_i alone miss σ_t². Their expected values give each piece:
-
-        E[Var_i(d_i)] = σ_t² + σ_e²/n            (sample variance across seeds)
-        E[s_i²]       = (σ_a² + σ_e²)/n
-        E[P²]         = (σ_a² + σ_e²/N)/n
-        so  σ_a²/n    = (N·P² − mean_i s_i²)/(N − 1)   in expectation, and
-
-        SE² = max(B + E, mean_i s_i²/N),  B = Var_i(d_i)/N,  E = max(0, (N·P² − mean_i s_i²)/(N − 1)).
-
-    Without the max this is unbiased (for accuracy it is the two-way random-effects ANOVA's
-    (MS_seeds + MS_examples − MS_residual)/(nN)); the max keeps a noisy estimate of σ_a²/n from
-    going below 0, so the error is never below the spread across seeds; and since Var(d̄) is at least
-    (σ_a² + σ_e²)/(nN), the examples' noise of the seeds' average, whose estimate is mean_i s_i²/N,
-    SE² never goes below that either (two seeds that agree by chance have no spread, and B + E
-    would then claim no error at all). Adding mean_i s_i² instead of E would count σ_e² twice.
-
-    B rests on N − 1 degrees of freedom: with 3 seeds and training noise that dominates, ±2 SE
-    covers the true difference only about 82% of the time. The threshold is Cochran and Cox's for a
-    sum of two variance estimates: each term's two-sided 95% t quantile (N − 1 and n − 1 degrees of
-    freedom) weighted by its share of SE², and never below 2; 4.30 when B is all of it with 3 seeds,
-    2 when E is. (Satterthwaite's degrees of freedom, estimated from the same data, covered 92–93%
-    in simulation when training noise was large: a seed spread low by chance raises them just when
-    the error is too small.) With one seed the error is s_1 alone and the threshold that of n − 1
-    degrees of freedom: the training noise is not counted.
+    The error model, its estimate and the threshold are derived in the module's docstring. With
+    one seed the error is s_1 alone and the threshold that of n − 1 degrees of freedom: the
+    training noise is not counted.
     """
     d = np.asarray(differences, dtype=np.float64)
     s = np.asarray(example_stderrs, dtype=np.float64)

@@ -45,6 +45,60 @@ def _counted(pieces: Iterable[Piece], text_bytes: dict[str, int]) -> Iterator[Pi
         yield piece
 
 
+@contextlib.contextmanager
+def _staged(final_dir: Path) -> Iterator[Path]:
+    """A hidden folder beside ``final_dir`` to write into: renamed into its place when the block ends,
+    removed when it raises (a full disk's error naming both). The caller holds the writer lock, so
+    the folders of killed runs into the same place are removed first."""
+    for stale in final_dir.parent.glob(f".{final_dir.name}.preparing-*"):
+        print(f"removed {stale}, left by an interrupted prepare", file=sys.stderr)
+        shutil.rmtree(stale, ignore_errors=True)
+    out_dir = final_dir.parent / f".{final_dir.name}.preparing-{os.getpid()}"
+    out_dir.mkdir()
+    try:
+        yield out_dir
+    except BaseException as e:
+        shutil.rmtree(out_dir, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno in DISK_ERRNOS:
+            raise _write_failure(e, out_dir, final_dir) from e
+        raise
+    _swap_into_place(out_dir, final_dir)
+
+
+def _checked_corpus(
+    files: Sequence[str | Path],
+    val_fraction: float,
+    workers: int | None,
+    errors: DecodeErrors,
+    text_field: str,
+    jsonl_field: str | None,
+) -> tuple[list[CorpusFile], str]:
+    """:func:`prepare`'s arguments checked, and every corpus file before any is read: (the corpus
+    files, the text field to read)."""
+    if not 0.0 <= val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    if errors not in DECODE_ERRORS:
+        raise ValueError(f"errors must be one of {', '.join(DECODE_ERRORS)}, got {errors!r}")
+    if jsonl_field is not None:
+        warnings.warn(
+            "prepare(jsonl_field=...) is deprecated: use text_field=..., and name JSON-lines files .jsonl",
+            DeprecationWarning,
+            stacklevel=3,  # prepare()'s caller
+        )
+        text_field = jsonl_field
+    corpus = corpus_files(files, as_jsonl=jsonl_field is not None)
+    missing = [str(f.path) for f in corpus if not f.path.exists()]
+    if missing:
+        raise FileNotFoundError(f"corpus file(s) not found: {', '.join(missing)}")
+    if not corpus:
+        raise ValueError("no corpus files given")
+    for file in corpus:
+        check_corpus_file(file, text_field, errors)
+    return corpus, text_field
+
+
 def prepare(
     tokenizer_dir: str | Path,
     files: Sequence[str | Path],
@@ -82,59 +136,28 @@ def prepare(
     Everything is written into a hidden folder beside ``out_dir`` and renamed into place only when
     complete: a failed run leaves an existing ``out_dir`` exactly as it was.
     """
-    if not 0.0 <= val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-    if workers is not None and workers < 1:
-        raise ValueError(f"workers must be at least 1, got {workers}")
-    if errors not in DECODE_ERRORS:
-        raise ValueError(f"errors must be one of {', '.join(DECODE_ERRORS)}, got {errors!r}")
-    if jsonl_field is not None:
-        warnings.warn(
-            "prepare(jsonl_field=...) is deprecated: use text_field=..., and name JSON-lines files .jsonl",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        text_field = jsonl_field
-    corpus = corpus_files(files, as_jsonl=jsonl_field is not None)
-    missing = [str(f.path) for f in corpus if not f.path.exists()]
-    if missing:
-        raise FileNotFoundError(f"corpus file(s) not found: {', '.join(missing)}")
-    if not corpus:
-        raise ValueError("no corpus files given")
-    for file in corpus:
-        check_corpus_file(file, text_field, errors)
+    corpus, text_field = _checked_corpus(files, val_fraction, workers, errors, text_field, jsonl_field)
     tokenizer_dir = hub.resolve(tokenizer_dir)  # a Hub name: its cached folder, which the workers read too
     tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
-    if workers is None:
-        workers = default_workers() if tokenizer.style == "gpt1" else 1
+    workers = workers or (default_workers() if tokenizer.style == "gpt1" else 1)  # checked: None or >= 1
     final_dir = Path(out_dir)
     final_dir.parent.mkdir(parents=True, exist_ok=True)
-    out_dir = final_dir.parent / f".{final_dir.name}.preparing-{os.getpid()}"
     # One prepare at a time into a folder (the lock file sits beside it: the folder is replaced).
-    with writer_lock(final_dir.parent / f".{final_dir.name}.lock", final_dir, "prepare"):
-        # Folders of killed runs into the same place (nobody else writes them while the lock is held).
-        for stale in final_dir.parent.glob(f".{final_dir.name}.preparing-*"):
-            print(f"removed {stale}, left by an interrupted prepare", file=sys.stderr)
-            shutil.rmtree(stale, ignore_errors=True)
-        out_dir.mkdir()
-        try:
-            meta = _prepare_into(
-                out_dir,
-                tokenizer,
-                tokenizer_dir,
-                corpus,
-                val_fraction,
-                text_field,
-                show_progress,
-                workers,
-                errors,
-            )
-        except BaseException as e:
-            shutil.rmtree(out_dir, ignore_errors=True)
-            if isinstance(e, OSError) and e.errno in DISK_ERRNOS:
-                raise _write_failure(e, out_dir, final_dir) from e
-            raise
-        _swap_into_place(out_dir, final_dir)
+    with (
+        writer_lock(final_dir.parent / f".{final_dir.name}.lock", final_dir, "prepare"),
+        _staged(final_dir) as staging,
+    ):
+        meta = _prepare_into(
+            staging,
+            tokenizer,
+            tokenizer_dir,
+            corpus,
+            val_fraction,
+            text_field,
+            show_progress,
+            workers,
+            errors,
+        )
     return meta
 
 
@@ -244,31 +267,9 @@ def _swap_into_place(ready: Path, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _prepare_into(
-    out_dir: Path,
-    tokenizer: Tokenizer,
-    tokenizer_dir: str | Path,
-    files: list[CorpusFile],
-    val_fraction: float,
-    text_field: str,
-    show_progress: bool,
-    workers: int,
-    errors: DecodeErrors,
-) -> dict:
-    """:func:`prepare`'s work, into the (temporary) ``out_dir``."""
-    encoder = encoder_for(tokenizer)
-    dtype = encoder[2]
-    tokenizer.save_pretrained(out_dir / "tokenizer")
-
-    total_bytes = sum(f.size() for f in files)
-    workers = min(workers, -(-total_bytes // BLOCK_BYTES))  # no more workers than blocks of text
-    # UTF-8 bytes of the text each split holds (line ends made plain): the denominator of bits per byte.
-    text_bytes = {"train": 0, "val": 0}
-    corpus = _counted(read_pieces(files, text_field, val_fraction, errors), text_bytes)
-    if workers > 1:
-        encoded = encoded_in_pool(corpus, encoder, str(Path(tokenizer_dir).resolve()), workers)
-    else:
-        encoded = encoded_here(corpus, encoder)
+def _write_splits(encoded: Iterator, out_dir: Path, total_bytes: int, show_progress: bool) -> dict[str, int]:
+    """The encoded pieces, (split, bytes of text, ids), appended to ``out_dir``'s train.bin and
+    val.bin (each written under a temporary name, renamed when complete); the tokens of each split."""
     counts = {"train": 0, "val": 0}
     tmp_paths = {split: out_dir / f".{split}.bin.tmp" for split in counts}
     handles = {split: open(path, "wb") for split, path in tmp_paths.items()}
@@ -295,6 +296,35 @@ def _prepare_into(
         with _named(tmp_paths[split]):
             handle.close()  # flushes the last bytes
         os.replace(tmp_paths[split], out_dir / f"{split}.bin")
+    return counts
+
+
+def _prepare_into(
+    out_dir: Path,
+    tokenizer: Tokenizer,
+    tokenizer_dir: str | Path,
+    files: list[CorpusFile],
+    val_fraction: float,
+    text_field: str,
+    show_progress: bool,
+    workers: int,
+    errors: DecodeErrors,
+) -> dict:
+    """:func:`prepare`'s work, into the (temporary) ``out_dir``."""
+    encoder = encoder_for(tokenizer)
+    dtype = encoder[2]
+    tokenizer.save_pretrained(out_dir / "tokenizer")
+
+    total_bytes = sum(f.size() for f in files)
+    workers = min(workers, -(-total_bytes // BLOCK_BYTES))  # no more workers than blocks of text
+    # UTF-8 bytes of the text each split holds (line ends made plain): the denominator of bits per byte.
+    text_bytes = {"train": 0, "val": 0}
+    corpus = _counted(read_pieces(files, text_field, val_fraction, errors), text_bytes)
+    if workers > 1:
+        encoded = encoded_in_pool(corpus, encoder, str(Path(tokenizer_dir).resolve()), workers)
+    else:
+        encoded = encoded_here(corpus, encoder)
+    counts = _write_splits(encoded, out_dir, total_bytes, show_progress)
     meta = {
         "tokenizer": "tokenizer",
         "tokenizer_sha256": tokenizer_digest(out_dir / "tokenizer"),

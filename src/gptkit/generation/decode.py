@@ -46,30 +46,16 @@ def stream_ids(
     step = step or DecodeStep.for_ids(eos_token_id)
     params = sampling_params(params, max_new_tokens, **settings)
     max_new_tokens = params.max_tokens
-    if generator is None:
-        generator = params.generator(input_ids.device)
-    if input_ids.dim() != 2 or input_ids.size(1) == 0:
-        raise ValueError(
-            f"input_ids must be (batch, prompt length) with at least one token, got {tuple(input_ids.shape)}; "
-            "for unconditional samples start from the start/end-of-text token"
-        )
+    generator = generator or params.generator(input_ids.device)
+    _check_prompt(input_ids, max_new_tokens, model.config.context_length)
     B, T = input_ids.shape
-    limit = model.config.context_length
-    if T + max_new_tokens > limit:
-        raise ValueError(
-            f"prompt of {T} tokens + {max_new_tokens} new tokens exceeds the model's context of {limit}; "
-            f"shorten the prompt to at most {max(limit - max_new_tokens, 0)} tokens or ask for fewer new tokens"
-        )
     finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
-
     was_training = model.training
     model.eval()
     try:
-        cache = None
-        if use_cache:
-            cache = KVCache(model.config, B, T + max_new_tokens, input_ids.device, model.cache_dtype)
-        sequence, mask = input_ids, attention_mask
-        step_input = input_ids
+        size = (model.config, B, T + max_new_tokens, input_ids.device, model.cache_dtype)
+        cache = KVCache(*size) if use_cache else None
+        sequence, mask, step_input = input_ids, attention_mask, input_ids
         for _ in range(max_new_tokens):
             if cache is None:  # recompute the whole sequence each step (the reference path)
                 step_input = sequence
@@ -90,6 +76,22 @@ def stream_ids(
                 mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
     finally:
         model.train(was_training)
+
+
+def _check_prompt(input_ids: torch.Tensor, max_new_tokens: int, limit: int) -> None:
+    """A (batch, length) prompt of at least one token that leaves room for ``max_new_tokens`` in a
+    context of ``limit``."""
+    if input_ids.dim() != 2 or input_ids.size(1) == 0:
+        raise ValueError(
+            f"input_ids must be (batch, prompt length) with at least one token, got {tuple(input_ids.shape)}; "
+            "for unconditional samples start from the start/end-of-text token"
+        )
+    T = input_ids.size(1)
+    if T + max_new_tokens > limit:
+        raise ValueError(
+            f"prompt of {T} tokens + {max_new_tokens} new tokens exceeds the model's context of {limit}; "
+            f"shorten the prompt to at most {max(limit - max_new_tokens, 0)} tokens or ask for fewer new tokens"
+        )
 
 
 def generate(

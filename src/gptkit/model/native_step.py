@@ -86,6 +86,22 @@ class NativeLinear(InferenceLinear):
 NATIVE_MAX_ROWS = 16
 
 
+def _blocks_dtype(linears: list[nn.Module]) -> torch.dtype:
+    """The one dtype of the blocks' layers, which the native step takes: all NativeLinear (fp32 or
+    bf16) or all int8 quantized for the native kernels."""
+    kinds = {type(linear) for linear in linears}
+    if kinds not in ({NativeLinear}, {Int8Linear}):
+        raise ValueError(
+            f"the native step takes NativeLinear or native int8 blocks, not {sorted(k.__name__ for k in kinds)}"
+        )
+    if kinds == {Int8Linear} and not all(linear.native for linear in linears):
+        raise ValueError("the int8 blocks were quantized without the native kernels")
+    dtypes = {linear.weight.dtype for linear in linears}
+    if len(dtypes) != 1 or not dtypes <= set(native.FORMATS):
+        raise ValueError(f"the native step takes blocks of one dtype among fp32, bf16 and int8, not {dtypes}")
+    return dtypes.pop()
+
+
 class NativeStep:
     """Every block of a GPT (and GPT-2's final LayerNorm) for the one new token of each row, in one
     call of ``gptkit.native``'s decoding step: what ``GPT.forward`` runs for a decoding step (one
@@ -99,19 +115,7 @@ class NativeStep:
         linears = [
             (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj) for block in model.h
         ]
-        kinds = {type(linear) for four in linears for linear in four}
-        if kinds not in ({NativeLinear}, {Int8Linear}):
-            raise ValueError(
-                f"the native step takes NativeLinear or native int8 blocks, not {sorted(k.__name__ for k in kinds)}"
-            )
-        if kinds == {Int8Linear} and not all(linear.native for four in linears for linear in four):
-            raise ValueError("the int8 blocks were quantized without the native kernels")
-        dtypes = {linear.weight.dtype for four in linears for linear in four}
-        if len(dtypes) != 1 or not dtypes <= set(native.FORMATS):
-            raise ValueError(
-                f"the native step takes blocks of one dtype among fp32, bf16 and int8, not {dtypes}"
-            )
-        self.dtype = dtypes.pop()
+        self.dtype = _blocks_dtype([linear for four in linears for linear in four])
         self.shape = (config.n_layer, config.n_head, config.head_size)
         # Every tensor the step points at, held here too: the addresses stay valid even if the
         # model's modules are replaced (the LayerNorms as fp32 copies where the model is bf16).

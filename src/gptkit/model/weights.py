@@ -127,6 +127,20 @@ def _warn_on_disagreement(hf: dict[str, Any], config: GPTConfig, source: str) ->
         )
 
 
+def _gptkit_block(hf: dict[str, Any], source: str) -> GPTConfig:
+    """The config in a ``config.json``'s "gptkit" block, with a warning for each Hugging Face field
+    beside it that disagrees."""
+    block = hf["gptkit"]
+    if not isinstance(block, dict):
+        raise ValueError(f"{source}: the 'gptkit' block must be an object, found {json_type_name(block)}")
+    try:
+        config = GPTConfig.from_dict(block)
+    except (TypeError, ValueError) as e:  # TypeError: a field of the wrong type, e.g. "12"
+        raise ValueError(f"{source}: the 'gptkit' block is invalid: {e}") from e
+    _warn_on_disagreement(hf, config, source)
+    return config
+
+
 def config_from_hf(hf: dict[str, Any], source: str = CONFIG_NAME) -> GPTConfig:
     """A GPTConfig from a ``config.json``: ours (the "gptkit" key) or one written by transformers.
 
@@ -136,15 +150,7 @@ def config_from_hf(hf: dict[str, Any], source: str = CONFIG_NAME) -> GPTConfig:
     if not isinstance(hf, dict):
         raise ValueError(f"{source}: expected a JSON object {{...}}, found {json_type_name(hf)}")
     if "gptkit" in hf:
-        block = hf["gptkit"]
-        if not isinstance(block, dict):
-            raise ValueError(f"{source}: the 'gptkit' block must be an object, found {json_type_name(block)}")
-        try:
-            config = GPTConfig.from_dict(block)
-        except (TypeError, ValueError) as e:  # TypeError: a field of the wrong type, e.g. "12"
-            raise ValueError(f"{source}: the 'gptkit' block is invalid: {e}") from e
-        _warn_on_disagreement(hf, config, source)
-        return config
+        return _gptkit_block(hf, source)
     model_type = hf.get("model_type")
     if model_type not in ("openai-gpt", "gpt2"):
         raise ValueError(

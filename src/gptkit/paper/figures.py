@@ -26,7 +26,7 @@ from gptkit.hardware import DEVICE_HELP
 from gptkit.io import read_json, write_json
 from gptkit.model import GPT
 from gptkit.paper.reports import PREDICTIONS_NAME, seed_dir
-from gptkit.paper.scores import TASKS
+from gptkit.paper.scores import TASKS, PaperTask
 from gptkit.paper.suite import check_settings, recorded_settings, run_seeds, settings_of, train_settings
 from gptkit.train.finetune import FinetuneConfig
 from gptkit.train.rundir import RunDir
@@ -145,6 +145,28 @@ def transfer_curve(config: TransferConfig) -> dict:
         return _transfer_curve(config, out)
 
 
+def _layers_table(task: PaperTask, points: list[dict]) -> list[str]:
+    """layers.md's lines: each block count's score per reported set, mean ± s.e. over its seeds,
+    and the majority-class baseline."""
+    titles = [e["title"] for e in points[0]["evaluations"]]
+    rows = [
+        f"| {p['layers']} | {len(p['seeds'])} | "
+        + " | ".join(f"{e['score']:.1f} ± {e['stderr']:.1f}" for e in p["evaluations"])
+        + " |"
+        for p in points
+    ]
+    baseline = " | ".join(f"{e['baseline']:.1f}" for e in points[0]["evaluations"])
+    table = [
+        f"| blocks transferred | seeds | {' | '.join(titles)} ({task.metric}, mean ± s.e.) |",
+        "|---:|---:|" + "---:|" * len(titles),
+        *rows,
+        f"| baseline | | {baseline} |",
+    ]
+    if any(len(p["seeds"]) == 1 for p in points):
+        table.append("\nWith one seed the error counts the examples only, not the training noise.")
+    return table
+
+
 def _transfer_curve(config: TransferConfig, out: Path) -> dict:
     """:func:`transfer_curve`'s work, while ``out`` is held."""
     template = config.finetune
@@ -184,23 +206,9 @@ def _transfer_curve(config: TransferConfig, out: Path) -> dict:
         )
     report = {"task": task.name, "metric": task.metric, "n_layer": n_layer, "points": points}
     write_json(out / "layers.json", report)
-    titles = [e["title"] for e in points[0]["evaluations"]]
-    rows = [
-        f"| {p['layers']} | {len(p['seeds'])} | "
-        + " | ".join(f"{e['score']:.1f} ± {e['stderr']:.1f}" for e in p["evaluations"])
-        + " |"
-        for p in points
-    ]
-    baseline = " | ".join(f"{e['baseline']:.1f}" for e in points[0]["evaluations"])
-    table = [
-        f"| blocks transferred | seeds | {' | '.join(titles)} ({task.metric}, mean ± s.e.) |",
-        "|---:|---:|" + "---:|" * len(titles),
-        *rows,
-        f"| baseline | | {baseline} |",
-    ]
-    if any(len(p["seeds"]) == 1 for p in points):
-        table.append("\nWith one seed the error counts the examples only, not the training noise.")
+    table = _layers_table(task, points)
     (out / "layers.md").write_text("\n".join(table) + "\n", encoding="utf-8")
+    titles = [e["title"] for e in points[0]["evaluations"]]
     lines = {
         title: ([p["layers"] for p in points], [p["evaluations"][i]["score"] for p in points])
         for i, title in enumerate(titles)

@@ -211,6 +211,33 @@ def summarise(runs: list[dict]) -> dict:
     }
 
 
+def _score(
+    task: PaperTask, model: TaskModel, config: FinetuneConfig, train_examples: list[Example]
+) -> tuple[list[dict], list[dict]]:
+    """The fine-tuned ``model`` on each of the task's reported sets, beside the majority-class
+    baseline: (the evaluations, each example's prediction and target)."""
+    evaluations, predictions = [], []
+    for evaluation in task.evaluations:
+        examples = read_dataset(evaluation.dataset, evaluation.split, config.data_dir)
+        encoded = model.encode(examples[: config.max_eval_examples], require_labels=True)
+        targets = [e.target for e in encoded]
+        logits = model.logits(encoded, EVAL_BATCH)
+        ours = task_metrics(model.spec, logits, targets)
+        said = logits.tolist() if model.spec.regression else logits.argmax(-1).tolist()
+        predictions.append({"title": evaluation.title, "predictions": said, "targets": targets})
+        baseline = majority_baseline(model, train_examples, encoded)
+        evaluations.append(
+            {
+                **dataclasses.asdict(evaluation),
+                "examples": len(encoded),
+                "score": _percent(ours[task.metric]),
+                "baseline": _percent(baseline[task.metric]),
+                "metrics": ours,
+            }
+        )
+    return evaluations, predictions
+
+
 def run_task(task: PaperTask, variant: str, template: FinetuneConfig, out_dir: Path) -> dict:
     """Fine-tune (from ``template``) and score one task in ``out_dir`` (or read its result if it
     finished before)."""
@@ -236,26 +263,9 @@ def run_task(task: PaperTask, variant: str, template: FinetuneConfig, out_dir: P
         train = dataclasses.replace(train, batch_size=len(train_examples), micro_batch_size=None)
     config = dataclasses.replace(config, training=train)
     finetuned = finetune(variant_config(config, variant, task.train, out_dir, resume))
-    model = TaskModel.from_pretrained(out_dir, config.device)
-    evaluations, predictions = [], []
-    for evaluation in task.evaluations:
-        examples = read_dataset(evaluation.dataset, evaluation.split, config.data_dir)
-        encoded = model.encode(examples[: config.max_eval_examples], require_labels=True)
-        targets = [e.target for e in encoded]
-        logits = model.logits(encoded, EVAL_BATCH)
-        ours = task_metrics(model.spec, logits, targets)
-        said = logits.tolist() if model.spec.regression else logits.argmax(-1).tolist()
-        predictions.append({"title": evaluation.title, "predictions": said, "targets": targets})
-        baseline = majority_baseline(model, train_examples, encoded)
-        evaluations.append(
-            {
-                **dataclasses.asdict(evaluation),
-                "examples": len(encoded),
-                "score": _percent(ours[task.metric]),
-                "baseline": _percent(baseline[task.metric]),
-                "metrics": ours,
-            }
-        )
+    evaluations, predictions = _score(
+        task, TaskModel.from_pretrained(out_dir, config.device), config, train_examples
+    )
     result = {
         "task": task.name,
         "variant": variant,

@@ -95,6 +95,16 @@ def create_app(
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected_error)
 
+    _add_api_routes(app, server, list(models), metrics)
+    _add_page_routes(app, server, list(models))
+    return app
+
+
+def _add_api_routes(
+    app: FastAPI, server: endpoints.ServerState, models: list[ServedModel], metrics: Metrics
+) -> None:
+    """Health, the OpenAPI document, metrics, the model list and the three POST endpoints."""
+
     @app.get("/health")
     async def health() -> dict:
         alive = all(model.alive for model in models)
@@ -104,7 +114,7 @@ def create_app(
             "models": list(server.models),
         }
 
-    document = openapi_document(list(models), limits, api_key is not None)
+    document = openapi_document(list(models), server.limits, server.api_key is not None)
 
     @app.get("/openapi.json")
     async def openapi() -> JSONResponse:
@@ -116,12 +126,12 @@ def create_app(
 
     @app.get("/v1/models")
     async def list_models(http: Request) -> dict:
-        endpoints.check_api_key(http, api_key)
+        endpoints.check_api_key(http, server.api_key)
         return {"object": "list", "data": [endpoints.model_card(server, model) for model in models]}
 
     @app.get("/v1/models/{name}")
     async def get_model(http: Request, name: str) -> dict:
-        endpoints.check_api_key(http, api_key)
+        endpoints.check_api_key(http, server.api_key)
         if name not in server.models:
             raise endpoints.model_not_found(name)
         return endpoints.model_card(server, server.models[name])
@@ -139,10 +149,13 @@ def create_app(
     async def embeddings(http: Request) -> Response:
         return await endpoints.embed(server, http)
 
+
+def _add_page_routes(app: FastAPI, server: endpoints.ServerState, models: list[ServedModel]) -> None:
+    """The playground page and its files."""
     # The page generates text: it talks to the first language model (or the first model, which then
     # tells it that it does not generate).
     page_model = next((model for model in models if model.engine is not None), models[0])
-    page, assets = _playground(page_model.name, api_key is not None, limits.max_tokens_limit)
+    page, assets = _playground(page_model.name, server.api_key is not None, server.limits.max_tokens_limit)
 
     @app.get("/")
     async def playground() -> HTMLResponse:
@@ -154,8 +167,6 @@ def create_app(
             raise StarletteHTTPException(404)
         content, media_type = assets[name]
         return Response(content, media_type=media_type, headers=_PAGE_HEADERS)
-
-    return app
 
 
 # The playground's files, besides index.html, and their content types.

@@ -64,56 +64,9 @@ class Metrics:
             [(f'{name}_bucket{{le="{bound:g}"}}', n) for bound, n in zip(LATENCY_BUCKETS, buckets)]
             + [(f'{name}_bucket{{le="+Inf"}}', count), (f"{name}_sum", total), (f"{name}_count", count)],
         )
-        for name, kind, help, value in (
-            (
-                "gptkit_generated_tokens_total",
-                "counter",
-                "Completion tokens decoded.",
-                self._engines("generated_tokens"),
-            ),
-            ("gptkit_prompt_tokens_total", "counter", "Prompt tokens read.", self._engines("prompt_tokens")),
-            (
-                "gptkit_sequences_finished_total",
-                "counter",
-                "Sequences that reached a finish (length or stop).",
-                self._engines("finished_sequences"),
-            ),
-            (
-                "gptkit_sequences_cancelled_total",
-                "counter",
-                "Sequences stopped because their client went away.",
-                self._engines("cancelled_sequences"),
-            ),
-            (
-                "gptkit_engine_steps_total",
-                "counter",
-                "Decoding steps of the running batch.",
-                self._engines("steps"),
-            ),
-            (
-                "gptkit_queue_length",
-                "gauge",
-                "Sequences waiting for a row of the batch.",
-                self._engines("queue_length"),
-            ),
-            (
-                "gptkit_running_sequences",
-                "gauge",
-                "Sequences in the running batch.",
-                self._engines("batch_size"),
-            ),
-        ):
-            metric(name, kind, help, [(name, value)])
-        for name, kind, help, counter in (
-            (
-                "gptkit_pooling_batches_total",
-                "counter",
-                "Forward passes of classify/embeddings batches.",
-                "batches",
-            ),
-            ("gptkit_pooling_inputs_total", "counter", "Classify/embeddings inputs run.", "inputs"),
-            ("gptkit_pooling_queue_length", "gauge", "Classify/embeddings inputs waiting.", "queue_length"),
-        ):
+        for name, kind, help, counter in _ENGINE_METRICS:
+            metric(name, kind, help, [(name, self._engines(counter))])
+        for name, kind, help, counter in _POOLING_METRICS:
             samples = [
                 (f'{name}{{model="{_label(model)}",endpoint="{endpoint}"}}', getattr(batcher, counter))
                 for model, endpoint, batcher in self.batchers
@@ -125,3 +78,31 @@ class Metrics:
 def _label(value: str) -> str:
     """A label value as the exposition format writes it."""
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+# The engines' counters, summed over the served models: (metric, kind, help, the engines' field).
+_ENGINE_METRICS = (
+    ("gptkit_generated_tokens_total", "counter", "Completion tokens decoded.", "generated_tokens"),
+    ("gptkit_prompt_tokens_total", "counter", "Prompt tokens read.", "prompt_tokens"),
+    (
+        "gptkit_sequences_finished_total",
+        "counter",
+        "Sequences that reached a finish (length or stop).",
+        "finished_sequences",
+    ),
+    (
+        "gptkit_sequences_cancelled_total",
+        "counter",
+        "Sequences stopped because their client went away.",
+        "cancelled_sequences",
+    ),
+    ("gptkit_engine_steps_total", "counter", "Decoding steps of the running batch.", "steps"),
+    ("gptkit_queue_length", "gauge", "Sequences waiting for a row of the batch.", "queue_length"),
+    ("gptkit_running_sequences", "gauge", "Sequences in the running batch.", "batch_size"),
+)
+# The classify/embeddings batchers' counters, one sample a model and endpoint.
+_POOLING_METRICS = (
+    ("gptkit_pooling_batches_total", "counter", "Forward passes of classify/embeddings batches.", "batches"),
+    ("gptkit_pooling_inputs_total", "counter", "Classify/embeddings inputs run.", "inputs"),
+    ("gptkit_pooling_queue_length", "gauge", "Classify/embeddings inputs waiting.", "queue_length"),
+)

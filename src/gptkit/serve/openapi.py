@@ -9,6 +9,7 @@ generated from it (schemathesis) and checks every answer against it.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from gptkit.generation.sampling import MAX_LOGPROBS
@@ -265,6 +266,80 @@ def _post(summary: str, request: dict, answer: dict, *, stream: bool = False) ->
     }
 
 
+# The paths every server has, whatever it serves.
+_ALWAYS_PATHS: dict[str, Any] = {
+    "/health": {
+        "get": {
+            "summary": "Whether every model's loop runs",
+            "security": [],
+            "responses": {
+                "200": {
+                    "description": "ok, or starting",
+                    "content": {
+                        JSON: {
+                            "schema": {
+                                "type": "object",
+                                "required": ["status", "model", "models"],
+                                "properties": {
+                                    "status": {"enum": ["ok", "starting"]},
+                                    "model": {"type": "string"},
+                                    "models": {"type": "array", "items": {"type": "string"}},
+                                },
+                            }
+                        }
+                    },
+                }
+            },
+        }
+    },
+    "/metrics": {
+        "get": {
+            "summary": "Prometheus metrics",
+            "security": [],
+            "responses": {
+                "200": {
+                    "description": "Text exposition",
+                    "content": {"text/plain": {"schema": {"type": "string"}}},
+                }
+            },
+        }
+    },
+    "/v1/models": {
+        "get": {
+            "summary": "The served models",
+            "responses": {
+                "200": {
+                    "description": "OpenAI's model list",
+                    "content": {
+                        JSON: {
+                            "schema": {
+                                "type": "object",
+                                "required": ["object", "data"],
+                                "properties": {
+                                    "object": {"const": "list"},
+                                    "data": {"type": "array", "items": _MODEL},
+                                },
+                            }
+                        }
+                    },
+                },
+                **_error_responses(401),
+            },
+        }
+    },
+    "/v1/models/{name}": {
+        "get": {
+            "summary": "One served model",
+            "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "responses": {
+                "200": {"description": "OpenAI's model object", "content": {JSON: {"schema": _MODEL}}},
+                **_error_responses(401, 404),
+            },
+        }
+    },
+}
+
+
 def openapi_document(models: list, limits: ServeLimits, key_required: bool) -> dict[str, Any]:
     """The document for ``models`` (:class:`gptkit.serve.models.ServedModel`) served with ``limits``;
     ``key_required``: the /v1 endpoints ask for ``Authorization: Bearer KEY``."""
@@ -275,79 +350,7 @@ def openapi_document(models: list, limits: ServeLimits, key_required: bool) -> d
     def vocab(chosen: list) -> int:
         return max((model.gpt.config.total_vocab_size for model in chosen), default=1)
 
-    paths: dict[str, Any] = {
-        "/health": {
-            "get": {
-                "summary": "Whether every model's loop runs",
-                "security": [],
-                "responses": {
-                    "200": {
-                        "description": "ok, or starting",
-                        "content": {
-                            JSON: {
-                                "schema": {
-                                    "type": "object",
-                                    "required": ["status", "model", "models"],
-                                    "properties": {
-                                        "status": {"enum": ["ok", "starting"]},
-                                        "model": {"type": "string"},
-                                        "models": {"type": "array", "items": {"type": "string"}},
-                                    },
-                                }
-                            }
-                        },
-                    }
-                },
-            }
-        },
-        "/metrics": {
-            "get": {
-                "summary": "Prometheus metrics",
-                "security": [],
-                "responses": {
-                    "200": {
-                        "description": "Text exposition",
-                        "content": {"text/plain": {"schema": {"type": "string"}}},
-                    }
-                },
-            }
-        },
-        "/v1/models": {
-            "get": {
-                "summary": "The served models",
-                "responses": {
-                    "200": {
-                        "description": "OpenAI's model list",
-                        "content": {
-                            JSON: {
-                                "schema": {
-                                    "type": "object",
-                                    "required": ["object", "data"],
-                                    "properties": {
-                                        "object": {"const": "list"},
-                                        "data": {"type": "array", "items": _MODEL},
-                                    },
-                                }
-                            }
-                        },
-                    },
-                    **_error_responses(401),
-                },
-            }
-        },
-        "/v1/models/{name}": {
-            "get": {
-                "summary": "One served model",
-                "parameters": [
-                    {"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}
-                ],
-                "responses": {
-                    "200": {"description": "OpenAI's model object", "content": {JSON: {"schema": _MODEL}}},
-                    **_error_responses(401, 404),
-                },
-            }
-        },
-    }
+    paths = copy.deepcopy(_ALWAYS_PATHS)  # the caller may change its document
     generators = serving(COMPLETIONS)
     if generators:
         request = _completion_request([m.name for m in generators], limits, vocab(generators))

@@ -60,6 +60,51 @@ def _gpt1_words(files: Sequence[str | Path]) -> Iterator[list[str]]:
         yield words
 
 
+def _learn_bytelevel(files: Sequence[str | Path], vocab_size: int, min_frequency: int, show_progress: bool):
+    """GPT-2's byte-level BPE learnt by the tokenizers library: every byte in the alphabet first."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers, trainers
+
+    alphabet = list(byte_to_char().values())
+    if vocab_size < len(alphabet) + 1:
+        raise ValueError(f"vocab_size {vocab_size} is below the 257 tokens every byte-level vocabulary holds")
+    hf = HFTokenizer(models.BPE())
+    hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[END_OF_TEXT],
+        initial_alphabet=alphabet,
+        show_progress=show_progress,
+    )
+    hf.train_from_iterator(_lines(files, "reading corpus"), trainer=trainer)
+    return hf
+
+
+def _learn_gpt1(files: Sequence[str | Path], vocab_size: int, min_frequency: int, show_progress: bool):
+    """GPT-1's BPE (words from its normalizer, ``</w>`` word ends) learnt by the tokenizers library.
+    The newline symbol is added after training (spaCy's newline tokens cannot pass a whitespace
+    pre-tokenizer), then the three special tokens: the merges leave room for both."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers, trainers
+
+    n_base = vocab_size - len(GPT1_SPECIAL_TOKENS) - 1
+    if n_base < 2:
+        raise ValueError(
+            f"vocab_size {vocab_size} leaves no room for a vocabulary besides the special tokens"
+        )
+    hf = HFTokenizer(models.BPE(end_of_word_suffix=END_OF_WORD))
+    hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    trainer = trainers.BpeTrainer(
+        vocab_size=n_base,
+        min_frequency=min_frequency,
+        end_of_word_suffix=END_OF_WORD,
+        show_progress=show_progress,
+    )
+    hf.train_from_iterator((" ".join(words) for words in _gpt1_words(files)), trainer=trainer)
+    return hf
+
+
 def train_bpe(
     files: Sequence[str | Path],
     vocab_size: int,
@@ -69,47 +114,13 @@ def train_bpe(
     show_progress: bool = True,
 ) -> Tokenizer:
     """Learn merges from ``files`` until the vocabulary has ``vocab_size`` tokens; save to ``out_dir``."""
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import models, pre_tokenizers, trainers
-
     missing = [str(f) for f in files if not Path(f).is_file()]
     if missing:
         raise FileNotFoundError(f"corpus file(s) not found: {', '.join(missing)}")
-    if style == "bytelevel":
-        alphabet = list(byte_to_char().values())
-        if vocab_size < len(alphabet) + 1:
-            raise ValueError(
-                f"vocab_size {vocab_size} is below the 257 tokens every byte-level vocabulary holds"
-            )
-        hf = HFTokenizer(models.BPE())
-        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            min_frequency=min_frequency,
-            special_tokens=[END_OF_TEXT],
-            initial_alphabet=alphabet,
-            show_progress=show_progress,
-        )
-        hf.train_from_iterator(_lines(files, "reading corpus"), trainer=trainer)
-    elif style == "gpt1":
-        # The newline symbol is added after training (spaCy's newline tokens cannot pass a
-        # whitespace pre-tokenizer), then the three special tokens.
-        n_base = vocab_size - len(GPT1_SPECIAL_TOKENS) - 1
-        if n_base < 2:
-            raise ValueError(
-                f"vocab_size {vocab_size} leaves no room for a vocabulary besides the special tokens"
-            )
-        hf = HFTokenizer(models.BPE(end_of_word_suffix=END_OF_WORD))
-        hf.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-        trainer = trainers.BpeTrainer(
-            vocab_size=n_base,
-            min_frequency=min_frequency,
-            end_of_word_suffix=END_OF_WORD,
-            show_progress=show_progress,
-        )
-        hf.train_from_iterator((" ".join(words) for words in _gpt1_words(files)), trainer=trainer)
-    else:
+    if style not in ("bytelevel", "gpt1"):
         raise ValueError(f"style must be 'gpt1' or 'bytelevel', got {style!r}")
+    learn = _learn_bytelevel if style == "bytelevel" else _learn_gpt1
+    hf = learn(files, vocab_size, min_frequency, show_progress)
 
     model = json.loads(hf.to_str())["model"]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]

@@ -80,6 +80,19 @@ def split_micro_batches(batch: dict, micro_batch_size: int) -> list[dict]:
     ]
 
 
+def micro_batch_size(config: TrainConfig, world_size: int) -> int:
+    """The examples (or windows) a process computes at once: ``micro_batch_size``, at most its share
+    of the global batch, which must split evenly into the processes and their micro-batches."""
+    per_rank = config.batch_size // world_size
+    micro = min(config.micro_batch_size or per_rank, per_rank)
+    if config.batch_size % world_size or per_rank % micro:
+        raise ValueError(
+            f"batch_size {config.batch_size} must split evenly into {world_size} process(es) × "
+            f"micro-batches of {micro}"
+        )
+    return micro
+
+
 class Trainer:
     """Runs ``config.max_steps`` updates of ``model`` on ``data``, resumable from ``out_dir``.
 
@@ -139,13 +152,7 @@ class Trainer:
             ns_dtype=self.precision.dtype,
             adamw_lr_scale=config.adamw_lr_scale,
         )
-        per_rank = config.batch_size // self.ctx.world_size
-        self.micro_batch_size = min(config.micro_batch_size or per_rank, per_rank)
-        if config.batch_size % self.ctx.world_size or per_rank % self.micro_batch_size:
-            raise ValueError(
-                f"batch_size {config.batch_size} must split evenly into {self.ctx.world_size} process(es) × "
-                f"micro-batches of {self.micro_batch_size}"
-            )
+        self.micro_batch_size = micro_batch_size(config, self.ctx.world_size)
         self.forward = torch.compile(model) if config.compile else model
         if self.ctx.device.type == "cpu":
             keep_freed_memory()  # see gptkit.train.memory: a third of a CPU step otherwise
@@ -181,10 +188,6 @@ class Trainer:
     @save_model.setter
     def save_model(self, save_model: SaveModel) -> None:
         self.checkpointer.save_model = save_model
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.run_dir.checkpoints
 
     def save_checkpoint(self) -> Path:
         """Write model + optimizer + schedule position + RNG + data position; all ranks must call it."""
