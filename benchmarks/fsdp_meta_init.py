@@ -24,7 +24,6 @@ from common import comparison, emit
 
 SHAPE, WORLD_SIZE, ROUNDS = "gpt2-medium", 2, int(os.environ.get("ROUNDS", "2"))
 MB = 1024 * 1024
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # tests' helpers
 
 
 def peak_rss() -> int:
@@ -38,10 +37,10 @@ def current_rss() -> int:
 
 def worker(rank: int, way: str, port: int, results) -> None:
     from gptkit import GPT, GPTConfig
+    from gptkit.testing.processes import torchrun_environment
     from gptkit.train.config import TrainConfig
     from gptkit.train.distributed import init_distributed, shutdown_distributed, wrap_model
     from gptkit.train.meta_init import build_sharded
-    from tests.distributed_processes import torchrun_environment
 
     torchrun_environment(rank, WORLD_SIZE, port)
     torch.set_num_threads(1)
@@ -67,7 +66,7 @@ def worker(rank: int, way: str, port: int, results) -> None:
 
 
 def measure(way: str) -> dict:
-    from tests.serve_schema import free_port
+    from gptkit.testing.processes import free_port
 
     with mp.Manager() as manager:
         results = manager.dict()

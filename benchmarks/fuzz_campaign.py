@@ -1,4 +1,4 @@
-"""The fuzz campaign: every reader's target (tests/fuzz_targets.py) with 10,000 damaged inputs each.
+"""The fuzz campaign: every reader's target (src/gptkit/testing/fuzz_targets.py) with 10,000 damaged inputs each.
 
 Per target it counts the inputs tried, those that loaded, those refused with gptkit's own error
 naming the file, and the failures (any other exception, a message that does not name the file, a
@@ -10,7 +10,7 @@ results/fuzz.json; `--render` writes them into docs/operations.md's table.
     python benchmarks/fuzz_campaign.py --inputs 200 --targets shard_meta_json corpus_jsonl
     python benchmarks/fuzz_campaign.py --render              # the table from results/fuzz.json
 
-With the readers, the server's schema campaign (tests/serve_schema.py): a `gptkit serve` without and
+With the readers, the server's schema campaign (gptkit.testing.serve_schema): a `gptkit serve` without and
 one with an API key, each sent about 1,000 requests schemathesis generates from its OpenAPI document.
 
 Exit status 1 when any input failed.
@@ -32,7 +32,8 @@ from pathlib import Path
 from common import REPO, machine
 
 from gptkit.io import write_json
-from tests.fuzz_targets import TARGETS, Target, Unexpected, damage, prepared, try_input
+from gptkit.testing.fuzz import Target, Unexpected, damage, prepared, try_input
+from gptkit.testing.fuzz_targets import TARGETS
 
 RESULTS = REPO / "results" / "fuzz.json"
 DOC = REPO / "docs" / "operations.md"
@@ -184,8 +185,8 @@ def main() -> int:
 
 
 def run_servers(per_operation: int, seed: int) -> list[dict]:
-    """The schema campaign (tests/serve_schema.py) against a server without and with an API key."""
-    from tests.serve_schema import KEY, build_models, fuzz_served
+    """The schema campaign (gptkit.testing.serve_schema) against a server without and with an API key."""
+    from gptkit.testing.serve_schema import KEY, build_models, fuzz_served
 
     servers = []
     with tempfile.TemporaryDirectory(prefix="gptkit-serve-fuzz-") as root:

@@ -81,8 +81,8 @@ def main() -> None:
 
     from gptkit import GPT, GPTConfig
     from gptkit.model.task import TaskModel
+    from gptkit.testing.adapters import write_adapter_run
     from gptkit.tokenizer import Tokenizer
-    from tests.test_lora import write_adapter_run
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

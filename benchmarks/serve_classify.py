@@ -172,7 +172,7 @@ def plain_batches_per_second(model: TaskModel, batches: list[list[EncodedExample
 
 
 def main() -> None:
-    from tests.test_lora import write_adapter_run
+    from gptkit.testing.adapters import write_adapter_run
 
     sentences = [e.fields["text"] for e in read_dataset("sst2", "dev", DATA)]
     with tempfile.TemporaryDirectory() as tmp:

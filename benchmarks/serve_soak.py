@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import sys
 import tempfile
 import textwrap
 import threading
@@ -29,11 +28,11 @@ from pathlib import Path
 import httpx
 from common import machine
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from gptkit.io import write_json
+from gptkit.testing.processes import ServerProcess, free_port
+from gptkit.testing.serve_schema import CLASSIFIER, LM, build_models, serve_args
 
-from gptkit.io import write_json  # noqa: E402
-from tests.serve_schema import CLASSIFIER, LM, ServerProcess, build_models, free_port, serve_args  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 GROWTH_LIMIT = 0.05  # of the resident memory at the warm-up's end
 RESULT = REPO / "results" / "serve_soak.json"

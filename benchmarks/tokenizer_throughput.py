@@ -67,11 +67,11 @@ def gpt2(texts: list[str], n_bytes: int) -> list[dict]:
 
 
 def gpt1(texts: list[str], n_bytes: int) -> list[dict]:
-    from tests.reference_gpt1 import ReferenceGPT1Encoder
+    from gptkit.testing.reference_gpt1 import ReferenceGPT1Encoder
 
     vocab = DATA / "gpt1_bpe"
     what = "GPT-1 encode (ftfy + spaCy + BPE), identical ids"
-    peer = "straightforward pipeline (tests/reference_gpt1.py)"
+    peer = "straightforward pipeline (src/gptkit/testing/reference_gpt1.py)"
     ours_s, peer_s = [], []
     try:
         with time_limit(TIME_LIMIT_S):

@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the tests' cache writer
-
-from tests.hub_cache import publish  # noqa: E402
+from gptkit.testing.hub_cache import publish
 
 
 def main() -> None:

@@ -8,8 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.hub_cache import offline_hub  # noqa: F401 (a fixture: an empty, offline Hugging Face cache)
-
 # The project's data lives in ../shared/data beside the checkout; GPTKIT_DATA overrides it.
 DATA_DIR = Path(os.environ.get("GPTKIT_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 # Throwaway runs need no fsync (about 10 ms a file); tests/test_io.py checks the durable path.
@@ -65,3 +63,20 @@ def small_tokenizer(data_dir, tmp_path_factory) -> Path:
 @pytest.fixture(autouse=True)
 def _seed_and_threads():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def offline_hub(tmp_path, monkeypatch) -> Path:
+    """An empty ``HF_HOME`` with the Hub switched off, for this process (huggingface_hub's constants,
+    read at import) and for the commands it starts (the environment)."""
+    from huggingface_hub import constants
+
+    hf_home = tmp_path / "hf_home"
+    (hf_home / "hub").mkdir(parents=True)
+    monkeypatch.setenv("HF_HOME", str(hf_home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hf_home / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return hf_home

@@ -15,8 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tests.distributed_processes import torchrun_environment
-from tests.serve_schema import free_port
+from gptkit.testing.processes import free_port, torchrun_environment
 
 
 def as_nccl_would_serve(backend: str | None = None, **kwargs) -> None:

@@ -298,7 +298,7 @@ def step_sharded(rank: int, world_size: int, port: int, overflow_rank: int | Non
 def test_an_overflow_in_one_ranks_shard_skips_the_update_on_every_rank():
     import torch.multiprocessing as mp
 
-    from tests.serve_schema import free_port
+    from gptkit.testing.processes import free_port
 
     outcomes = {}
     for overflow_rank in (None, 1):

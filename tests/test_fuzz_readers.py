@@ -1,5 +1,5 @@
 """Every reader fuzzed, a seeded slice: each kind of file gptkit reads, damaged the ways
-tests/fuzz_targets.py draws, either loads or raises gptkit's own error naming the file in one line
+src/gptkit/testing/fuzz_targets.py draws, either loads or raises gptkit's own error naming the file in one line
 (never another exception, never a hang). benchmarks/fuzz_campaign.py runs the same targets with
 10,000 inputs each."""
 
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
-from tests.fuzz_targets import TARGETS, Target, damage, prepared, try_input
+from gptkit.testing.fuzz import Target, damage, prepared, try_input
+from gptkit.testing.fuzz_targets import TARGETS
 
 # A few inputs a target, the same ones every run: the suite's seconds are shared.
 SLICE = settings(

@@ -23,7 +23,7 @@ from gptkit import GPT, GPTConfig, Tokenizer, hub
 from gptkit.cli import main
 from gptkit.generation import load_for_generation
 from gptkit.model.task import TaskModel
-from tests.hub_cache import publish
+from gptkit.testing.hub_cache import publish
 
 transformers = pytest.importorskip("transformers")
 

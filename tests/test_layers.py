@@ -35,6 +35,7 @@ LAYERS = {
     "gptkit.cli": 5,
     "gptkit.cli_flags": 5,
     "gptkit.__main__": 5,
+    "gptkit.testing": 5,  # what tests, benchmarks and scripts share: references, fixtures as functions
     "gptkit": 5,  # the package's public API gathers everything
 }
 

@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from gptkit import GPT, GPTConfig
 from gptkit.data.tables import parse_columns, read_table
-from gptkit.data.tasks import TaskSpec, special_token_ids, task_metrics
+from gptkit.data.tasks import task_metrics
 from gptkit.io import read_safetensors
 from gptkit.model.lora import (
     LORA_TARGETS,
@@ -26,9 +26,10 @@ from gptkit.model.lora import (
     merge_lora,
     write_adapter,
 )
-from gptkit.model.task import TaskModel, lora_task_info, save_task_model
+from gptkit.model.task import TaskModel
 from gptkit.serve.config import ServeLimits
 from gptkit.serve.models import CLASSIFY, EMBEDDINGS, embed, load_models
+from gptkit.testing.adapters import write_adapter_run
 from gptkit.tokenizer import Tokenizer
 from gptkit.train.config import TrainConfig
 from gptkit.train.finetune import FinetuneConfig, LoRAConfig, finetune, paper_finetuning
@@ -243,42 +244,6 @@ def test_a_lora_run_resumes_exactly(tmp_path, base_dir):
         ours, again = read_safetensors(straight_last / name), read_safetensors(resumed_last / name)
         for key in ours:
             torch.testing.assert_close(again[key], ours[key], msg=f"{name} {key}")
-
-
-def write_adapter_run(
-    directory: Path,
-    base_dir: Path,
-    task: str,
-    labels: list[str] | None,
-    seed: int,
-    rank: int | None = None,
-    targets: tuple[str, ...] = LORA_TARGETS,
-) -> None:
-    """An adapter directory as `gptkit finetune --lora-rank` writes it, with random (trained-looking)
-    matrices, rows and head."""
-    tokenizer = Tokenizer.from_pretrained(base_dir)
-    specials = special_token_ids(tokenizer)
-    gpt = GPT.from_pretrained(base_dir)
-    gpt.add_special_tokens(max(specials.values()) + 1 - gpt.config.total_vocab_size)
-    first_row = min(specials.values())
-    settings = LoRASettings(rank or 2 + seed, 4.0, targets)
-    add_lora(gpt, settings, first_row)
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for param in gpt.parameters():
-            if param.requires_grad:
-                param.normal_(0.0, 0.3)
-    spec = TaskSpec(
-        task,
-        labels=labels,
-        n_choices=2 if task == "multiple_choice" else None,
-        max_length=32,
-        specials=specials,
-    )
-    model = TaskModel(gpt, spec, tokenizer=tokenizer)
-    info = {**model.task_info(), **lora_task_info(settings, str(base_dir), first_row)}
-    save_task_model(directory, gpt.config, model.state_dict(), info)
-    tokenizer.save_pretrained(directory)
 
 
 def test_adapters_of_one_base_share_it_and_a_mixed_batch_equals_each_merged_model_alone(tmp_path, base_dir):

@@ -11,11 +11,10 @@ import torch
 import torch.multiprocessing as mp
 
 from gptkit import GPT, GPTConfig
+from gptkit.testing.processes import free_port, torchrun_environment
 from gptkit.train import meta_init
 from gptkit.train.config import TrainConfig
 from gptkit.train.meta_init import dim0_rows
-from tests.distributed_processes import torchrun_environment
-from tests.serve_schema import free_port
 
 # Uneven on purpose: 37 rows of the embedding do not split evenly over 2 processes.
 CONFIG = GPTConfig(vocab_size=37, context_length=16, n_layer=2, n_head=2, d_model=8)

@@ -21,7 +21,8 @@ pytest.importorskip("schemathesis")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from tests.serve_schema import KEY, ServerProcess, build_models, free_port, fuzz_served  # noqa: E402
+from gptkit.testing.processes import ServerProcess, free_port  # noqa: E402
+from gptkit.testing.serve_schema import KEY, build_models, fuzz_served  # noqa: E402
 
 pytestmark = pytest.mark.slow  # servers in subprocesses
 
@@ -45,7 +46,7 @@ def test_generated_requests_get_answers_the_document_allows(models, tmp_path, ke
 
 def test_the_document_names_every_endpoint_and_its_answers(models, tmp_path):
     port = free_port()
-    from tests.serve_schema import serve_args
+    from gptkit.testing.serve_schema import serve_args
 
     server = ServerProcess(serve_args(models, port, KEY), tmp_path / "server.log")
     try:

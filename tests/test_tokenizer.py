@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gptkit.testing.reference_gpt1 import ReferenceGPT1Encoder
 from gptkit.tokenizer import (
     ByteLevelTokenizer,
     GPT1Tokenizer,
@@ -18,8 +19,6 @@ from gptkit.tokenizer import (
     tokenizer_digest,
     train_bpe,
 )
-
-from .reference_gpt1 import ReferenceGPT1Encoder
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.serve_schema import free_port
+from gptkit.testing.processes import free_port
 from tests.test_train import alice_shards
 
 psutil = pytest.importorskip("psutil")

@@ -9,7 +9,7 @@ links per commit and a file per branch naming its commit:
 
 :func:`publish` writes one commit of a repository so; with ``HF_HUB_OFFLINE=1`` (or
 ``huggingface_hub.constants.HF_HUB_OFFLINE`` set in-process) every loader finds it there as it would
-find a real download.
+find a real download. tests/conftest.py's ``offline_hub`` fixture gives a test an empty one.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ import hashlib
 import json
 import os
 from pathlib import Path
-
-import pytest
 
 # Files the Hub stores through LFS (their blob is named by the content's sha256); others by git's sha1.
 _LFS_SUFFIXES = (".safetensors", ".bin", ".h5", ".msgpack")
@@ -50,20 +48,3 @@ def publish(hf_home: Path, repo_id: str, folder: Path, revision: str = "main") -
     (repo / "refs").mkdir(exist_ok=True)
     (repo / "refs" / revision).write_text(commit)
     return commit
-
-
-@pytest.fixture
-def offline_hub(tmp_path, monkeypatch) -> Path:
-    """An empty ``HF_HOME`` with the Hub switched off, for this process (huggingface_hub's constants,
-    read at import) and for the commands it starts (the environment)."""
-    from huggingface_hub import constants
-
-    hf_home = tmp_path / "hf_home"
-    (hf_home / "hub").mkdir(parents=True)
-    monkeypatch.setenv("HF_HOME", str(hf_home))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hf_home / "hub"))
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    return hf_home

@@ -3,7 +3,8 @@ operation (valid ones, and ones that break the schema), each is sent to a real s
 answer is checked against the document: no 5xx, a documented status, a documented content type,
 a body the schema allows.
 
-Used by tests/test_serve_schema.py (a seeded slice) and benchmarks/fuzz_campaign.py (--server).
+Used by tests/test_serve_schema.py (a seeded slice) and benchmarks/fuzz_campaign.py (--server);
+benchmarks/serve_soak.py serves its models.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import collections
 from pathlib import Path
 
 import torch
+
+from gptkit.testing.processes import ServerProcess, free_port
 
 LM, CLASSIFIER = "tiny-lm", "tiny-sst"
 KEY = "schema-key"
@@ -116,55 +119,6 @@ def fuzz_server(base: str, requests_per_operation: int, seed: int, key: str | No
         for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE):
             run(result.ok(), mode)
     return {"requests": count[0], "failures": count[1], "statuses": dict(statuses), "failing": failures}
-
-
-class ServerProcess:
-    """`gptkit serve ARGS` in a subprocess, its output in ``log``."""
-
-    def __init__(self, args: list[str], log: Path):
-        import os
-        import subprocess
-        import sys
-
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        env.pop("GPTKIT_API_KEY", None)
-        self.log = log
-        with open(log, "ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "gptkit", *args], env=env, stdout=out, stderr=subprocess.STDOUT
-            )
-
-    def wait_ready(self, base: str, timeout: float = 120.0) -> None:
-        """Until GET /health answers 200; a RuntimeError with the log's end if it does not."""
-        import contextlib
-        import time
-
-        import httpx
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"the server exited with {self.process.returncode}: {self.log.read_text()[-2000:]}"
-                )
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    return
-            time.sleep(0.2)
-        raise RuntimeError(f"no answer from {base}/health within {timeout} s: {self.log.read_text()[-2000:]}")
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(10)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fuzz_served(
