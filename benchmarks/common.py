@@ -6,10 +6,8 @@ import contextlib
 import datetime
 import json
 import os
-import platform
 import signal
 import statistics
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +16,6 @@ DATA = Path(os.environ.get("GPTKIT_DATA", REPO.parent / "shared" / "data"))
 # The most one measurement may take before it is reported as skipped: ample on a 2-core CPU, where
 # the slowest takes a few minutes at most; it keeps a slow path from running for hours.
 TIME_LIMIT_S = float(os.environ.get("GPTKIT_BENCH_TIME_LIMIT_S", "600"))
-sys.path.insert(0, str(REPO))  # the tests' reference implementations serve as peers
 # Where the benchmarks that take a device run (benchmarks/gpu.sh sets cuda); cpu by default.
 DEVICE = os.environ.get("GPTKIT_BENCH_DEVICE", "cpu")
 
@@ -33,17 +30,9 @@ def synchronize() -> None:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import torch
+    from gptkit.hardware import machine_summary
 
-    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    return machine_summary()
 
 
 def median(values: list[float]) -> float:

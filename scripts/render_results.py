@@ -230,17 +230,15 @@ def hardware(record: dict) -> str:
 
 
 def heading(record: dict) -> list[str]:
-    return [
-        f"### {title(record)}",
-        "",
-        f"{record.get('date', 'undated')}; {record['machine']}; {hardware(record)}"
-        + (
-            f"; load average {record['load_average'][1]:.1f} over the last 5 minutes."
-            if record.get("load_average")
-            else "."
-        ),
-        "",
-    ]
+    return [f"### {title(record)}", ""]
+
+
+def provenance(record: dict) -> str:
+    """When and on what the record was taken: a line of its own, opening the paragraph under the table."""
+    load, date = record.get("load_average"), record.get("date")
+    return f"Measured {f'{date} ' if date else ''}on {record['machine']}; {hardware(record)}" + (
+        f"; load average {load[1]:.1f} over the last 5 minutes." if load else "."
+    )
 
 
 def title(record: dict) -> str:
@@ -264,34 +262,87 @@ def table(record: dict) -> list[str]:
     if record["benchmark"] == "memory_estimate":
         return estimate_table(record)
     lines = [*heading(record), "| what | gptkit | peer | ratio |", "|---|---:|---|---:|"]
-    for row in record["comparisons"]:
-        unit = row["unit"]
-        if row.get("skipped"):
-            lines.append(f"| {row['what']} | — | {row['peer']} | skipped: {row['skipped']} |")
-            continue
-        peer = f"{number(row['peer_value'])} {unit} ({row['peer']})"
-        if row.get("ratio") is None:  # measured, but with no figure to compare (a note says why)
-            lines.append(f"| {row['what']} | — | {peer} | {row.get('note', 'no ratio')} |")
-            continue
-        ours = f"{number(row['ours'])} {unit}"
-        ratio = f"**{row['ratio']:.2f}×**"
-        if row.get("ours_spread"):  # medians of rounds, each side's least and most beside it
-            ours += f" ({spread(row['ours_spread'])})"
-            peer = f"{number(row['peer_value'])} {unit} ({spread(row['peer_spread'])}; {row['peer']})"
-            ratio += " (on par: the spreads overlap)" if row.get("on_par") else ""
-        if row.get("bound"):  # reached at the shortest budget: the time is at most, the ratio at least
-            ours, ratio = f"≤ {ours}", f"≥ {ratio}"
-        lines.append(f"| {row['what']} | {ours} | {peer} | {ratio} |")
-    return [*lines, "", *method(record)]
+    return [*lines, *comparison_rows(record["comparisons"]), "", *method(record)]
+
+
+def comparison_rows(comparisons: list[dict]) -> list[str]:
+    """The table's rows, in the record's order. Rows that share gptkit's figure (the same `what` up to
+    " vs ", the same value) become one row against their several peers; rows that are one comparison
+    in several metrics (the same `what` after its first phrase, the metric, and the same peer) become
+    one row with a figure a metric. A group stands where its first row did; a row skipped, without a
+    ratio or with a bound stays as it is."""
+    by_figure: dict[object, list[dict]] = {}
+    for index, row in enumerate(comparisons):
+        alone = row.get("skipped") or row.get("ratio") is None or row.get("bound")
+        key = (row["what"].partition(" vs ")[0], row["unit"], row["ours"], str(row.get("ours_spread")))
+        by_figure.setdefault(index if alone else key, []).append(row)
+    by_comparison: dict[object, list[list[dict]]] = {}
+    for key, rows in by_figure.items():
+        rest = rows[0]["what"].partition(", ")[2]
+        single = len(rows) == 1 and not isinstance(key, int) and rest
+        by_comparison.setdefault((rest, rows[0]["peer"]) if single else key, []).append(rows)
+    return [
+        peers_row(groups[0]) if len(groups) == 1 else metrics_row([rows[0] for rows in groups])
+        for groups in by_comparison.values()
+    ]
+
+
+def figure(value: float, unit: str, least_most: list[float] | None = None) -> str:
+    """A figure with its unit, and the least and most of its rounds where it is a median of them."""
+    return f"{number(value)} {unit}" + (f" ({spread(least_most)})" if least_most else "")
+
+
+def ratio_cell(row: dict) -> str:
+    return f"**{row['ratio']:.2f}×**" + (" (on par: the spreads overlap)" if row.get("on_par") else "")
+
+
+def peers_row(rows: list[dict]) -> str:
+    """gptkit's figure once, then each peer's figure and the ratio to it, in order."""
+    row, unit = rows[0], rows[0]["unit"]
+    if row.get("skipped"):
+        return f"| {row['what']} | — | {row['peer']} | skipped: {row['skipped']} |"
+    if row.get("ratio") is None:  # measured, but with no figure to compare (a note says why)
+        return f"| {row['what']} | — | {figure(row['peer_value'], unit)} ({row['peer']}) | {row.get('note', 'no ratio')} |"
+    ours, ratios = figure(row["ours"], unit, row.get("ours_spread")), [ratio_cell(each) for each in rows]
+    peers = [
+        # Medians of rounds: each side's least and most beside it.
+        f"{figure(each['peer_value'], unit)} ({spread(each['peer_spread'])}; {each['peer']})"
+        if each.get("ours_spread")
+        else f"{figure(each['peer_value'], unit)} ({each['peer']})"
+        for each in rows
+    ]
+    if row.get("bound"):  # reached at the shortest budget: the time is at most, the ratio at least
+        ours, ratios = f"≤ {ours}", [f"≥ {ratio}" for ratio in ratios]
+    against = [each["what"].partition(" vs ")[2] for each in rows]
+    what = (
+        row["what"]
+        if len(set(against)) == 1
+        else f"{row['what'].partition(' vs ')[0]} vs {'; '.join(against)}"
+    )
+    return f"| {what} | {ours} | {'; '.join(peers)} | {'; '.join(ratios)} |"
+
+
+def metrics_row(rows: list[dict]) -> str:
+    """Several figures of one comparison (say tokens/s and the bandwidth fraction that follows from
+    them), each cell listing them in the order of the metrics."""
+    metrics = "; ".join(row["what"].partition(", ")[0] for row in rows)
+    ours = "; ".join(figure(row["ours"], row["unit"], row.get("ours_spread")) for row in rows)
+    peer = "; ".join(
+        figure(row["peer_value"], row["unit"], row.get("peer_spread") if row.get("ours_spread") else None)
+        for row in rows
+    )
+    ratios = "; ".join(ratio_cell(row) for row in rows)
+    return f"| {metrics}, {rows[0]['what'].partition(', ')[2]} | {ours} | {peer} ({rows[0]['peer']}) | {ratios} |"
 
 
 def method(record: dict) -> list[str]:
-    """How the benchmark measured, from METHODS, filled from its record and wrapped at 100 columns."""
+    """When and where the benchmark measured, then how, from METHODS, filled from its record and
+    wrapped at 100 columns."""
     # A run on a CPU without AVX-512 measures as the benchmark does, unless it has words of its own.
     name = record["benchmark"]
     template = METHODS.get(name, METHODS.get(name.removesuffix("_avx2_cpu")))
     if template is None:
-        return []
+        return [provenance(record), ""]
     if "bandwidth_fraction" in record:  # decode_products: one phrase per kernel
         fractions = record["bandwidth_fraction"].items()
         record = {
@@ -299,14 +350,17 @@ def method(record: dict) -> list[str]:
             **record,
             "bandwidth_fraction_text": "; ".join(f"{kernel} {value:.2f}" for kernel, value in fractions),
         }
-    lines = []
+    lines = [provenance(record)]
     for paragraph in textwrap.dedent(template).strip().format_map(record).split("\n\n"):
         if paragraph.startswith("#"):
             lines += [paragraph, ""]
             continue
-        text = " ".join(paragraph.split())
-        lines += [*textwrap.wrap(text, 100, break_long_words=False, break_on_hyphens=False), ""]
+        lines += [*wrapped(paragraph), ""]
     return lines
+
+
+def wrapped(text: str) -> list[str]:
+    return textwrap.wrap(" ".join(text.split()), 100, break_long_words=False, break_on_hyphens=False)
 
 
 def estimate_table(record: dict) -> list[str]:
@@ -322,8 +376,12 @@ def estimate_table(record: dict) -> list[str]:
         estimated, measured = row["estimated_peak_mb"], row["measured_peak_mb"]
         cell = f"{estimated:,} / {measured:,} MB ({estimated / measured:.2f})"
         cells.setdefault((row["shape"], row["stage"]), {})[row["activation_checkpointing"]] = cell
+    # Stages of a shape with the same figures share a row (pre-training and full fine-tuning, say).
+    stages: dict[tuple[str, str, str], list[str]] = {}
     for (shape, stage), by_mode in cells.items():
-        lines.append(f"| {shape} | {stage} | {by_mode.get('none', '—')} | {by_mode.get('full', '—')} |")
+        stages.setdefault((shape, by_mode.get("none", "—"), by_mode.get("full", "—")), []).append(stage)
+    for (shape, none, full), names in stages.items():
+        lines.append(f"| {shape} | {', '.join(names)} | {none} | {full} |")
     return [*lines, "", *method(record)]
 
 
@@ -338,12 +396,16 @@ def demo_table(record: dict) -> list[str]:
         + (f" of a {budget / 60:.0f}-minute budget, set-up included" if budget else "")
         + ". Pre-trained − from scratch on the same examples, in the same order, seed by seed, ± the "
         "standard error over seeds and examples; the difference is told apart from training noise where "
-        "it clears the threshold (in standard errors) that its seeds set. One seed a side gives no "
-        "error: a single draw cannot tell a difference from training noise."
+        "it clears the threshold (in standard errors) that its seeds set."
     )
+    if any(task.get("seeds", 1) == 1 for task in record["tasks"].values()):
+        paragraph += (
+            " One seed a side gives no error: a single draw cannot tell a difference from training noise."
+        )
     lines = [
         *heading(record),
-        *textwrap.wrap(paragraph, 100, break_long_words=False, break_on_hyphens=False),
+        provenance(record),
+        *wrapped(paragraph),
         "",
         "| task | metric | examples | seeds | updates a side | pre-trained | from scratch | majority "
         "class | per seed | difference | threshold | clears |",
@@ -387,6 +449,7 @@ def _updates_cell(task: dict) -> str:
 def paper_table(record: dict) -> list[str]:
     lines = [
         *heading(record),
+        provenance(record),
         "`full` (pre-trained, λ = 0.5) − each variant, in points, ± the standard error of the difference",
         "over seeds and examples; a difference counts where it clears the threshold (in standard errors)",
         "that its number of seeds sets. With one seed the error counts the examples only, not the",
@@ -412,10 +475,7 @@ def paper_table(record: dict) -> list[str]:
 def keep(kind: str, source: Path, results: Path = RESULTS) -> Path:
     """``make demo``'s summary.json or ``make paper``'s suite results.json as results/<kind>.json:
     its figures, the machine and the run's date, without paths or samples."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from common import machine
-
-    from gptkit.hardware import describe
+    from gptkit.hardware import describe, machine_summary
     from gptkit.io import write_json
 
     run = json.loads(source.read_text(encoding="utf-8"))
@@ -423,7 +483,7 @@ def keep(kind: str, source: Path, results: Path = RESULTS) -> Path:
         "benchmark": kind,
         # The run's date, which is when its file was written, not when it is kept.
         "date": datetime.date.fromtimestamp(source.stat().st_mtime).isoformat(),
-        "machine": machine(),
+        "machine": machine_summary(),
         "hardware": describe(),
     }
     if kind == "demo":
@@ -461,8 +521,9 @@ def render(results: Path = RESULTS) -> str:
         BEGIN,
         "",
         "Ratio: gptkit against the peer named, measured in the same run, higher is better for gptkit",
-        "(times and memory inverted). Every figure of each run, with its settings, is in",
-        "`results/<benchmark>.json`.",
+        "(times and memory inverted). A row of several figures (one of gptkit's against several peers, or",
+        "several of one comparison) lists them in the same order in each cell, separated by semicolons.",
+        "Every figure of each run, with its settings, is in `results/<benchmark>.json`.",
         "",
     ]
     for record in records:

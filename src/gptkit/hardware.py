@@ -433,3 +433,16 @@ def describe(device: torch.device | None = None) -> dict[str, object]:
             "bf16": torch.cuda.is_bf16_supported(including_emulation=False),
         }
     return info
+
+
+def machine_summary() -> str:
+    """This machine in the one line a benchmark's record keeps: the CPU's model name, its cores, torch's
+    version and its threads ("AMD EPYC, 2 cores, torch 2.13.0+cpu, 2 threads")."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            names = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:  # not Linux
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads"
