@@ -175,6 +175,33 @@ def test_lora_trains_only_its_adapters():
     assert result.states["optimizer_state"] == 8 * trained
 
 
+def finetune_activations(batch: int, choices: int | None = None, **task) -> int:
+    finetune = FinetuneConfig(model=SHAPE, training=TrainConfig(batch_size=batch, precision="fp32"), **task)
+    options = EstimateOptions(target="cpu")
+    return estimate_finetune(FinetuneEstimateConfig(finetune, options, choices)).by_category["activations"]
+
+
+def test_an_example_holds_one_sequence_per_answer_and_two_for_similarity():
+    """The transformer runs every sequence of an example: 2 examples of 4 answers hold the activations
+    of 8 one-sequence examples (the heads differ by a few hundred bytes), not those of 2."""
+    one_each = {batch: finetune_activations(batch, task="classification") for batch in (2, 4, 8)}
+    assert one_each[8] > 3 * one_each[2]
+    assert finetune_activations(2, 4, task="multiple_choice") == pytest.approx(one_each[8], rel=0.01)
+    assert finetune_activations(2, dataset="story_cloze") == pytest.approx(one_each[4], rel=0.01)  # 2 endings
+    assert finetune_activations(2, dataset="race") == pytest.approx(one_each[8], rel=0.01)  # 4 options
+    assert finetune_activations(2, task="similarity") == pytest.approx(one_each[4], rel=0.01)  # both orders
+
+
+def test_multiple_choice_on_your_own_data_needs_its_answers_per_question(capsys):
+    with pytest.raises(ValueError, match="--choices"):
+        finetune_activations(2, task="multiple_choice")
+    argv = ["estimate", "finetune", "--preset", "tiny", "--n-head", "4", "--task", "multiple_choice"]
+    assert main([*argv, "--choices", "1", "--json"]) != 0
+    assert "--choices" in capsys.readouterr().err
+    assert main([*argv, "--choices", "3", "--precision", "fp32", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["peak_bytes"] > 0
+
+
 def test_the_command_prints_json(capsys):
     argv = ["estimate", "pretrain", "--preset", "tiny", "--n-head", "4", "--batch-size", "4"]
     assert main([*argv, "--precision", "fp32", "--devices", "2", "--fsdp", "--memory", "1GB", "--json"]) == 0

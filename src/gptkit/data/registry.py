@@ -65,6 +65,7 @@ class Dataset:
     # The fixed label set in the order of the head's outputs, so a training slice that misses a
     # class still gets every output; None where the label is an index or a score.
     labels: tuple[str, ...] | None = None
+    choices: int | None = None  # a multiple-choice task's answers per question (sequences an example)
 
     @property
     def local_files(self) -> list[str]:
@@ -135,12 +136,12 @@ REGISTRY: dict[str, Dataset] = {
     "story_cloze": Dataset(  # GPT-1's train and dev are two parts of the validation file (see below)
         Source("p-null/openai-gpt-pytorch", "3684b880f64ece7772087afe25ba73835bce50ce", {"story_cloze_2016/": "data/"}),
         {"train": _STORY.format("val"), "dev": _STORY.format("val"), "test": _STORY.format("test")},
-        task="multiple_choice", reader=read_story_cloze),
+        task="multiple_choice", reader=read_story_cloze, choices=2),
     "mctest": Dataset(
         Source(*_BROWN, {"mctest/": "data/hypev/mctest/"}),
         {s: f"mctest/mc500.{s}.statements.tsv" for s in _SPLITS},
         extra_files=tuple(f"mctest/mc500.{s}.ans" for s in _SPLITS),  # the answers, read beside
-        task="multiple_choice", reader=read_mctest),
+        task="multiple_choice", reader=read_mctest, choices=4),
     "snli": Dataset(
         Archive("https://nlp.stanford.edu/projects/snli/snli_1.0.zip", {"snli_1.0/": "snli/snli_1.0/"},
                 "afb3d70a5af5d8de0d9d81e2637e0fb8c22d1235c2749d83125ca43dab0dbd3e"),
@@ -167,11 +168,11 @@ REGISTRY: dict[str, Dataset] = {
     "race": Dataset(
         _RACE, {s: f"race/RACE/{s}" for s in _SPLITS},
         extra_files=tuple(f"race/RACE/{s}/{level}" for s in _SPLITS for level in RACE_LEVELS),
-        task="multiple_choice", reader=read_race),
+        task="multiple_choice", reader=read_race, choices=4),
     "race_middle": Dataset(_RACE, {s: f"race/RACE/{s}/middle" for s in _SPLITS}, task="multiple_choice",
-                           reader=read_race),
+                           reader=read_race, choices=4),
     "race_high": Dataset(_RACE, {s: f"race/RACE/{s}/high" for s in _SPLITS}, task="multiple_choice",
-                         reader=read_race),
+                         reader=read_race, choices=4),
 }  # fmt: skip
 
 # The labelled datasets: what --dataset, the suite and the zero-shot heuristics read.

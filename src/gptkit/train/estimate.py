@@ -22,14 +22,15 @@ import torch.nn as nn
 
 from gptkit import hub
 from gptkit.config import GPTConfig, check_choices, config_error
+from gptkit.data.registry import DATASETS
 from gptkit.data.tasks import TaskSpec
 from gptkit.io import read_json
 from gptkit.model import GPT
-from gptkit.model.lora import add_lora
 from gptkit.model.task import TaskModel
 from gptkit.model.weights import CONFIG_NAME, config_from_hf
+from gptkit.tokenizer.gpt1 import GPT1_SPECIAL_TOKENS
 from gptkit.train.config import TrainConfig
-from gptkit.train.finetune import FinetuneConfig
+from gptkit.train.finetune import FinetuneConfig, ready_for_task, with_dataset_task
 from gptkit.train.run import ModelShape, check_loaded_shape, sequence_length
 from gptkit.train.simulation import CATEGORIES, HOST_STATES, Estimate, Simulation, simulate
 
@@ -87,19 +88,41 @@ class PretrainEstimateConfig:
 
 # What `gptkit estimate finetune` shows of the fine-tuning config: the model, its LoRA, the loss
 # and the input length; the data, task files and run directory do not change the memory.
-FINETUNE_FLAGS = ("model", "lm_coef", "clf_dropout", "max_length", "lora", "training")
+FINETUNE_FLAGS = (
+    "model",
+    "task",
+    "dataset",
+    "regression",
+    "lm_coef",
+    "clf_dropout",
+    "max_length",
+    "lora",
+    "training",
+)
 
 
 @dataclass
 class FinetuneEstimateConfig:
-    """Memory per device of a fine-tuning run (one sequence of --max-length tokens per example, a
-    two-class head), simulated on fake tensors: no data, no GPU."""
+    """Memory per device of a fine-tuning run, simulated on fake tensors: no data, no GPU. Each example
+    is laid out as the task lays it out, every sequence --max-length tokens: one (classification,
+    entailment), two (similarity: both orders) or one per answer (multiple choice)."""
 
     finetune: FinetuneConfig = field(
         default_factory=FinetuneConfig,
         metadata={"help": "The fine-tuning run to estimate.", "flags": FINETUNE_FLAGS},
     )
     estimate: EstimateOptions = field(default_factory=EstimateOptions)
+    choices: int | None = field(
+        default=None,
+        metadata={
+            "help": "A multiple-choice task's answers per question, one sequence each (default: the "
+            "dataset's, such as 2 for story_cloze and 4 for race)."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        if self.choices is not None and self.choices < 2:
+            raise config_error(self, "choices", f"a question needs at least 2 answers, got {self.choices}")
 
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]i?b?)?", re.IGNORECASE)
@@ -168,25 +191,45 @@ def finetune_simulation(config: FinetuneEstimateConfig) -> Simulation:
     length = sequence_length(finetune.model, gpt_config, finetune.max_length)
     first_special = gpt_config.total_vocab_size
 
+    # _start_, _delimiter_, _classify_: rows after the vocabulary, as for a GPT-2 tokenizer.
+    specials = {name: first_special + i for i, name in enumerate(GPT1_SPECIAL_TOKENS)}
+    spec = estimated_task(finetune, config.choices, length)
+    per_example = {"similarity": 2, "multiple_choice": spec.n_choices}.get(spec.task, 1)
+
     def build() -> nn.Module:
-        gpt = GPT(gpt_config)
-        gpt.add_special_tokens(3)  # _start_, _delimiter_, _classify_: rows after the vocabulary
-        settings = finetune.lora.settings()
-        if settings is not None:
-            add_lora(gpt, settings, first_trainable_row=first_special)
-        spec = TaskSpec(task="classification", labels=["0", "1"], max_length=length)
+        gpt = ready_for_task(GPT(gpt_config), finetune, specials)
         return TaskModel(gpt, spec, finetune.clf_dropout, finetune.lm_coef).train()
 
-    def make_batch(sequences: int) -> dict:
-        ids = torch.randint(0, first_special, (sequences, 1, length))
+    def make_batch(examples: int) -> dict:
+        ids = torch.randint(0, first_special, (examples, per_example, length))
+        if spec.regression:
+            targets = torch.rand(examples)
+        else:
+            targets = torch.randint(0, per_example if spec.n_choices else spec.n_outputs, (examples,))
         return {
             "input_ids": ids,
             "lm_labels": ids,
-            "clf_positions": torch.full((sequences, 1), length - 1),
-            "targets": torch.randint(0, 2, (sequences,)),
+            "clf_positions": torch.full((examples, per_example), length - 1),
+            "targets": targets,
         }
 
     return Simulation(build, make_batch, finetune.training, config.estimate.devices, config.estimate.target)
+
+
+def estimated_task(finetune: FinetuneConfig, choices: int | None, length: int) -> TaskSpec:
+    """The task as the run would know it, from its flags or its public dataset: the layout, the
+    head's outputs (a public dataset's labels, else two) and, for multiple choice, the answers."""
+    finetune, _ = with_dataset_task(finetune)
+    task = finetune.task or "classification"
+    known = DATASETS.get(finetune.dataset or "")
+    if task == "multiple_choice":
+        choices = choices or (known.choices if known else None)
+        if choices is None:
+            raise ValueError("--choices: give the answers per question of this multiple-choice task")
+        return TaskSpec(task, n_choices=choices, max_length=length)
+    labels = list(known.labels) if known and known.labels else ["0", "1"]
+    regression = finetune.regression
+    return TaskSpec(task, labels=None if regression else labels, regression=regression, max_length=length)
 
 
 def largest_batch(

@@ -172,6 +172,12 @@ def build_gpt(config: FinetuneConfig, tokenizer: Tokenizer, specials: dict[str, 
     gpt = build_model(config.model, base_vocab_size(tokenizer))
     if config.model.init and config.transfer_layers is not None and not config.model.random_init:
         gpt.reinitialize_blocks(keep=config.transfer_layers)
+    return ready_for_task(gpt, config, specials)
+
+
+def ready_for_task(gpt: GPT, config: FinetuneConfig, specials: dict[str, int]) -> GPT:
+    """``gpt`` as fine-tuning trains it: rows for the special tokens, LoRA adapters on a LoRA run,
+    training mode (the memory estimate builds its model through this too)."""
     # New rows N(0, 0.02) for _start_, _delimiter_, _classify_ when the model lacks them.
     gpt.add_special_tokens(max(specials.values()) + 1 - gpt.config.total_vocab_size)
     settings = config.lora.settings()
