@@ -120,7 +120,7 @@ def rendered(document: str, table: str) -> str:
     return head + table + rest.split(END, 1)[1]
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--inputs", type=int, default=10_000, help="damaged inputs per target (default 10,000)"
@@ -139,14 +139,15 @@ def main() -> int:
         "and with an API key (default 300: about 1,000 requests a server; 0: no server campaign)",
     )
     args = parser.parse_args()
-    if args.render:
-        record = json.loads(args.out.read_text(encoding="utf-8"))
-        DOC.write_text(rendered(DOC.read_text(encoding="utf-8"), render(record)), encoding="utf-8")
-        print(f"rendered {args.out.name} into {DOC.relative_to(REPO)}")
-        return 0
     unknown = set(args.targets or ()) - {t.name for t in TARGETS}
     if unknown:
         parser.error(f"unknown target(s): {', '.join(sorted(unknown))}")
+    return args
+
+
+def run_targets(names: list[str] | None, inputs: int, seed: int) -> list[dict]:
+    """Each target (or those named) with ``inputs`` damaged inputs: a row of counts each, printed as
+    it ends."""
     os.environ.setdefault("GPTKIT_FSYNC", "0")  # each input is written and restored: no need to flush
     import torch
 
@@ -154,9 +155,9 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="gptkit-fuzz-") as root:
         for target in TARGETS:
-            if args.targets and target.name not in args.targets:
+            if names and target.name not in names:
                 continue
-            row = run_target(target, Path(root), args.inputs, args.seed)
+            row = run_target(target, Path(root), inputs, seed)
             rows.append(row)
             print(
                 f"{row['target']}: {row['inputs']} inputs, {row['loaded']} loaded, {row['refused']} refused, "
@@ -165,9 +166,18 @@ def main() -> int:
             )
             for message in row["failing_messages"]:
                 print(f"    {message}", flush=True)
-    servers = []
-    if args.server_requests:
-        servers = run_servers(args.server_requests, args.seed)
+    return rows
+
+
+def main() -> int:
+    args = parse_args()
+    if args.render:
+        record = json.loads(args.out.read_text(encoding="utf-8"))
+        DOC.write_text(rendered(DOC.read_text(encoding="utf-8"), render(record)), encoding="utf-8")
+        print(f"rendered {args.out.name} into {DOC.relative_to(REPO)}")
+        return 0
+    rows = run_targets(args.targets, args.inputs, args.seed)
+    servers = run_servers(args.server_requests, args.seed) if args.server_requests else []
     record = {
         "benchmark": "fuzz",
         "date": datetime.date.today().isoformat(),

@@ -33,6 +33,7 @@ import tempfile
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -171,133 +172,168 @@ def plain_batches_per_second(model: TaskModel, batches: list[list[EncodedExample
     return len(batches) / (time.perf_counter() - started)
 
 
-def main() -> None:
+def write_models(root: Path, tokenizer: Tokenizer) -> tuple[dict[str, Path], dict]:
+    """(a)'s classifier at root/sst2 with the transformers pipelines on its weights (fp32, bf16), and
+    (b)'s base with its ADAPTERS adapters: the adapters' folders by name, and the pipelines."""
     from gptkit.testing.adapters import write_adapter_run
 
+    model = write_classifier(root / "sst2", tokenizer)
+    pipelines = {
+        "peer": transformers_pipeline(model, root / "hf", root / "tokenizer", torch.float32),
+        "peer_bf16": transformers_pipeline(model, root / "hf16", root / "tokenizer", torch.bfloat16),
+    }
+    del model
+    torch.manual_seed(0)
+    GPT(GPTConfig.from_preset("gpt2", dropout=0.0)).save_pretrained(root / "base")
+    tokenizer.save_pretrained(root / "base")
+    adapters = {f"task{i}": root / f"task{i}" for i in range(ADAPTERS)}
+    for seed, directory in enumerate(adapters.values()):
+        write_adapter_run(directory, root / "base", "classification", LABELS, seed, rank=8)
+    return adapters, pipelines
+
+
+def step_workloads(root: Path, adapters: dict[str, Path], sentences: list[str]) -> tuple[dict, list]:
+    """The server's own steps, in this process: the plain classifier's in fp32 and bf16 (how much of
+    its time the server spends outside the forward passes: HTTP, JSON, tokenization, batching), and
+    the adapters' both ways on mixed and single-adapter batches. Each a call giving batches/s, by
+    name; and the calls that warm them up."""
+    plain = {
+        dtype: TaskModel.from_pretrained(root / "sst2", device="cpu").to(dtype)
+        for dtype in (torch.float32, torch.bfloat16)
+    }
+    encoded = plain[torch.float32].encode([{"text": sentence} for sentence in sentences])
+    plain_batches = [
+        [encoded[(b * CLIENTS + i) % len(encoded)] for i in range(CLIENTS)] for b in range(STEP_REPEATS)
+    ]
+    names = list(adapters)
+    step_set, step_tasks, mixed_batches = step_batches(adapters, sentences, names)
+    single_batches = [[(names[0], example) for _, example in batch] for batch in mixed_batches]
+    steps = {
+        "mixed_per_row": (classify_mixed, mixed_batches),
+        "mixed_grouped": (classify_grouped, mixed_batches),
+        "single_per_row": (classify_mixed, single_batches),
+        "single_grouped": (classify_grouped, single_batches),
+    }
+    workloads = {
+        f"plain_{dtype}": partial(plain_batches_per_second, model, plain_batches)
+        for dtype, model in plain.items()
+    }
+    workloads |= {
+        name: partial(batches_per_second, step, step_set, step_tasks, batches)
+        for name, (step, batches) in steps.items()
+    }
+    # The steps warm up on one batch; the plain models on all of theirs.
+    warm_ups = [
+        partial(batches_per_second, step, step_set, step_tasks, batches[:1])
+        for step, batches in steps.values()
+    ]
+    return workloads, warm_ups + [workloads[f"plain_{dtype}"] for dtype in plain]
+
+
+def measured_runs(
+    servers: dict, pipelines: dict, sentences: list[str], names: list[str], steps: tuple
+) -> dict:
+    """Every measurement once to warm up, then REPEATS rounds of all of them in turn: each one's
+    results by name (requests/s or batches/s)."""
+    server, server_auto = servers["float32"], servers["auto"]
+    workloads = {
+        "served": partial(load, server, ["sst2"], sentences),
+        "peer": partial(one_at_a_time, pipelines["peer"], sentences),
+        "served_auto": partial(load, server_auto, ["sst2"], sentences),
+        "peer_bf16": partial(one_at_a_time, pipelines["peer_bf16"], sentences),
+        "mixed": partial(load, server, names, sentences),
+        "single_adapter": partial(load, server, names[:1], sentences),
+    }
+    step_workloads, warm_ups = steps
+    for warm_up in [*workloads.values(), *warm_ups]:
+        warm_up()
+    runs: dict[str, list[float]] = defaultdict(list)
+    for _ in range(REPEATS):
+        for name, run in {**workloads, **step_workloads}.items():
+            runs[name].append(run())
+    return runs
+
+
+def rows(m: dict[str, float]) -> list[dict]:
+    """The comparisons, from the medians by name."""
+    served = f"/v1/classify requests/s, {CLIENTS} clients, GPT-2 small shape"
+    peer = "transformers text-classification pipeline (GPT2ForSequenceClassification), one at a time"
+    step = f"classify step, batches of {CLIENTS} sentences/s, fp32"
+    mixed = f"{step}, mixed over {ADAPTERS} adapters, each row its own adapter (one pass)"
+    return [
+        comparison(f"{served}, fp32", "requests/s", m["served"], f"{peer}, fp32", m["peer"]),
+        comparison(f"{served}, dtype auto", "requests/s", m["served_auto"], f"{peer}, fp32", m["peer"]),
+        comparison(f"{served}, dtype auto", "requests/s", m["served_auto"], f"{peer}, bf16", m["peer_bf16"]),
+        comparison(
+            f"{served}, fp32",
+            "requests/s",
+            m["served"],
+            f"its step alone in one process, fp32 ({CLIENTS} × batches/s)",
+            CLIENTS * m["plain_torch.float32"],
+        ),
+        comparison(
+            f"{served}, dtype auto",
+            "requests/s",
+            m["served_auto"],
+            f"its step alone in one process, bf16 ({CLIENTS} × batches/s)",
+            CLIENTS * m["plain_torch.bfloat16"],
+        ),
+        comparison(
+            f"{served} over {ADAPTERS} LoRA adapters of one base, mixed, fp32",
+            "requests/s",
+            m["mixed"],
+            "the same load for one adapter",
+            m["single_adapter"],
+        ),
+        comparison(
+            mixed,
+            "batches/s",
+            m["mixed_per_row"],
+            "grouped by adapter (one pass per adapter)",
+            m["mixed_grouped"],
+        ),
+        comparison(
+            mixed,
+            "batches/s",
+            m["mixed_per_row"],
+            "one adapter, each row its own adapter",
+            m["single_per_row"],
+        ),
+        comparison(
+            f"{step}, one adapter, each row its own adapter",
+            "batches/s",
+            m["single_per_row"],
+            "one adapter, its matrices in place",
+            m["single_grouped"],
+        ),
+    ]
+
+
+def main() -> None:
     sentences = [e.fields["text"] for e in read_dataset("sst2", "dev", DATA)]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         tokenizer = Tokenizer.from_pretrained(DATA / "gpt2_bpe")
         tokenizer.save_pretrained(root / "tokenizer")
-        model = write_classifier(root / "sst2", tokenizer)
-        pipeline = transformers_pipeline(model, root / "hf", root / "tokenizer", torch.float32)
-        pipeline_bf16 = transformers_pipeline(model, root / "hf16", root / "tokenizer", torch.bfloat16)
-        del model
-        # (b)'s base and its adapters
-        torch.manual_seed(0)
-        GPT(GPTConfig.from_preset("gpt2", dropout=0.0)).save_pretrained(root / "base")
-        tokenizer.save_pretrained(root / "base")
-        adapters = {f"task{i}": root / f"task{i}" for i in range(ADAPTERS)}
-        for seed, directory in enumerate(adapters.values()):
-            write_adapter_run(directory, root / "base", "classification", LABELS, seed, rank=8)
-        names = list(adapters)
-        # The server's own step for the plain classifier, in this process: how much of its time the
-        # server spends outside the forward passes (HTTP, JSON, tokenization, batching).
-        plain = {
-            dtype: TaskModel.from_pretrained(root / "sst2", device="cpu").to(dtype)
-            for dtype in (torch.float32, torch.bfloat16)
+        adapters, pipelines = write_models(root, tokenizer)
+        steps = step_workloads(root, adapters, sentences)
+        servers = {
+            "float32": ClassifyServer({"sst2": root / "sst2", **adapters}, root / "server.log", "float32"),
+            "auto": ClassifyServer({"sst2": root / "sst2"}, root / "server-auto.log", "auto"),
         }
-        encoded = plain[torch.float32].encode([{"text": sentence} for sentence in sentences])
-        plain_batches = [
-            [encoded[(b * CLIENTS + i) % len(encoded)] for i in range(CLIENTS)] for b in range(STEP_REPEATS)
-        ]
-        step_set, step_tasks, mixed_batches = step_batches(adapters, sentences, names)
-        single_batches = [[(names[0], example) for _, example in batch] for batch in mixed_batches]
-        steps = {
-            "mixed_per_row": (classify_mixed, mixed_batches),
-            "mixed_grouped": (classify_grouped, mixed_batches),
-            "single_per_row": (classify_mixed, single_batches),
-            "single_grouped": (classify_grouped, single_batches),
-        }
-        step_runs: dict[str, list[float]] = defaultdict(list)
-
-        server = ClassifyServer({"sst2": root / "sst2", **adapters}, root / "server.log", "float32")
-        server_auto = ClassifyServer({"sst2": root / "sst2"}, root / "server-auto.log", "auto")
         try:
-            server.wait_ready(timeout=600)
-            server_auto.wait_ready(timeout=600)
-            load(server, ["sst2"], sentences)  # warm-up
-            load(server, names, sentences)
-            load(server_auto, ["sst2"], sentences)
-            one_at_a_time(pipeline, sentences)
-            one_at_a_time(pipeline_bf16, sentences)
-            for step, batches in steps.values():
-                batches_per_second(step, step_set, step_tasks, batches[:1])
-            for model in plain.values():
-                plain_batches_per_second(model, plain_batches)
-            runs: dict[str, list[float]] = defaultdict(list)
-            for _ in range(REPEATS):
-                runs["served"].append(load(server, ["sst2"], sentences))
-                runs["peer"].append(one_at_a_time(pipeline, sentences))
-                runs["served_auto"].append(load(server_auto, ["sst2"], sentences))
-                runs["peer_bf16"].append(one_at_a_time(pipeline_bf16, sentences))
-                runs["mixed"].append(load(server, names, sentences))
-                runs["single_adapter"].append(load(server, names[:1], sentences))
-                for dtype, model in plain.items():
-                    step_runs[f"plain_{dtype}"].append(plain_batches_per_second(model, plain_batches))
-                for name, (step, batches) in steps.items():
-                    step_runs[name].append(batches_per_second(step, step_set, step_tasks, batches))
-            auto_dtype = next(line for line in server_auto.log.read_text().splitlines() if "dtype" in line)
+            for server in servers.values():
+                server.wait_ready(timeout=600)
+            runs = measured_runs(servers, pipelines, sentences, list(adapters), steps)
+            log = servers["auto"].log.read_text().splitlines()
+            auto_dtype = next(line for line in log if "dtype" in line)
         finally:
-            server.stop()
-            server_auto.stop()
-
-    served = f"/v1/classify requests/s, {CLIENTS} clients, GPT-2 small shape"
-    peer = "transformers text-classification pipeline (GPT2ForSequenceClassification), one at a time"
-    step = f"classify step, batches of {CLIENTS} sentences/s, fp32"
-    m = {name: median(values) for name, values in {**runs, **step_runs}.items()}
+            for server in servers.values():
+                server.stop()
     emit(
         "serve_classify",
-        [
-            comparison(f"{served}, fp32", "requests/s", m["served"], f"{peer}, fp32", m["peer"]),
-            comparison(f"{served}, dtype auto", "requests/s", m["served_auto"], f"{peer}, fp32", m["peer"]),
-            comparison(
-                f"{served}, dtype auto", "requests/s", m["served_auto"], f"{peer}, bf16", m["peer_bf16"]
-            ),
-            comparison(
-                f"{served}, fp32",
-                "requests/s",
-                m["served"],
-                f"its step alone in one process, fp32 ({CLIENTS} × batches/s)",
-                CLIENTS * m["plain_torch.float32"],
-            ),
-            comparison(
-                f"{served}, dtype auto",
-                "requests/s",
-                m["served_auto"],
-                f"its step alone in one process, bf16 ({CLIENTS} × batches/s)",
-                CLIENTS * m["plain_torch.bfloat16"],
-            ),
-            comparison(
-                f"{served} over {ADAPTERS} LoRA adapters of one base, mixed, fp32",
-                "requests/s",
-                m["mixed"],
-                "the same load for one adapter",
-                m["single_adapter"],
-            ),
-            comparison(
-                f"{step}, mixed over {ADAPTERS} adapters, each row its own adapter (one pass)",
-                "batches/s",
-                m["mixed_per_row"],
-                "grouped by adapter (one pass per adapter)",
-                m["mixed_grouped"],
-            ),
-            comparison(
-                f"{step}, mixed over {ADAPTERS} adapters, each row its own adapter (one pass)",
-                "batches/s",
-                m["mixed_per_row"],
-                "one adapter, each row its own adapter",
-                m["single_per_row"],
-            ),
-            comparison(
-                f"{step}, one adapter, each row its own adapter",
-                "batches/s",
-                m["single_per_row"],
-                "one adapter, its matrices in place",
-                m["single_grouped"],
-            ),
-        ],
-        runs={**runs, **step_runs},
+        rows({name: median(values) for name, values in runs.items()}),
+        runs=dict(runs),
         auto_dtype=auto_dtype,
     )
 
