@@ -22,6 +22,7 @@ On a CPU without AVX-512 the record is kept as decode_products_avx2_cpu.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -55,86 +56,114 @@ def read_bandwidth() -> float:
     return source.nbytes / best
 
 
-def kernels(weights: list[torch.Tensor]) -> dict[str, tuple[callable, int] | str]:
-    """name → (one step's products, bytes they read), or the reason the kernel is missing here."""
+# name → (one step's products, the bytes they read), or why the kernel is missing here
+Kernels = dict[str, tuple[Callable[[], list], int] | str]
+
+
+def products(weights: list[torch.Tensor], call: Callable) -> Callable[[], list]:
+    """One step's products: ``call(i, w)`` for each matrix, in the order a step multiplies them."""
+    return lambda: [call(i, w) for i, w in enumerate(weights)]
+
+
+def kernels(weights: list[torch.Tensor]) -> Kernels:
+    """Every kernel of the record, by precision, gptkit's first in each (the order of its comparisons);
+    the rows they multiply are drawn once and shared, so every kernel computes the same products."""
     rows = {D: torch.randn(1, D), 4 * D: torch.randn(1, 4 * D)}
     fp32_bytes = sum(w.numel() * 4 for w in weights)
-    found: dict[str, tuple[callable, int] | str] = {}
-
-    def each(call):
-        return lambda: [call(i, w) for i, w in enumerate(weights)]
-
     missing_native = None if native.available() else "the native kernels could not be built here"
+    return {
+        **fp32_kernels(weights, rows, fp32_bytes, missing_native),
+        **bf16_kernels(weights, rows, fp32_bytes // 2, missing_native),
+        **int8_kernels(weights, rows, fp32_bytes // 4, missing_native),
+    }
+
+
+def fp32_kernels(weights: list[torch.Tensor], rows: dict, nbytes: int, missing_native: str | None) -> Kernels:
+    """fp32: gptkit's native product, PyTorch's F.linear, oneDNN prepacked, numpy's and cython-blis's gemv."""
+    found: Kernels = {}
     matrices = [native.matrix(w) for w in weights]
     found["gptkit native, fp32"] = missing_native or (
-        each(lambda i, w: native.product(matrices[i], torch.float32, rows[w.size(1)])),
-        fp32_bytes,
+        products(weights, lambda i, w: native.product(matrices[i], torch.float32, rows[w.size(1)])),
+        nbytes,
     )
-    found["PyTorch F.linear, fp32"] = (each(lambda i, w: F.linear(rows[w.size(1)], w)), fp32_bytes)
+    found["PyTorch F.linear, fp32"] = (products(weights, lambda i, w: F.linear(rows[w.size(1)], w)), nbytes)
     if packs_for_onednn(torch.float32, torch.device("cpu")):
         packed = [onednn_pack(w) for w in weights]
         found["oneDNN prepacked, fp32"] = (
-            each(lambda i, w: onednn_linear(rows[w.size(1)], packed[i], None)),
-            fp32_bytes,
+            products(weights, lambda i, w: onednn_linear(rows[w.size(1)], packed[i], None)),
+            nbytes,
         )
     else:
         found["oneDNN prepacked, fp32"] = "PyTorch's oneDNN linear ops are missing here"
     arrays = [w.numpy() for w in weights]
     vectors = {n: r[0].numpy() for n, r in rows.items()}
     found["numpy matmul (OpenBLAS sgemv), fp32"] = (
-        each(lambda i, w: np.matmul(arrays[i], vectors[w.size(1)])),
-        fp32_bytes,
+        products(weights, lambda i, w: np.matmul(arrays[i], vectors[w.size(1)])),
+        nbytes,
     )
     try:
         import blis.py
 
         found["cython-blis gemv, fp32"] = (
-            each(lambda i, w: blis.py.gemv(arrays[i], vectors[w.size(1)])),
-            fp32_bytes,
+            products(weights, lambda i, w: blis.py.gemv(arrays[i], vectors[w.size(1)])),
+            nbytes,
         )
     except ImportError:
         found["cython-blis gemv, fp32"] = "cython-blis is not installed"
+    return found
 
+
+def bf16_kernels(weights: list[torch.Tensor], rows: dict, nbytes: int, missing_native: str | None) -> Kernels:
+    """bf16 weights: gptkit's native product (widened as read), PyTorch's F.linear, oneDNN prepacked."""
+    found: Kernels = {}
     halves = [w.bfloat16() for w in weights]
     half_rows = {n: r.bfloat16() for n, r in rows.items()}
-    bf16_bytes = fp32_bytes // 2
     half_matrices = [native.matrix(h) for h in halves]
     found["gptkit native, bf16"] = missing_native or (
-        each(lambda i, w: native.product(half_matrices[i], torch.bfloat16, rows[w.size(1)])),
-        bf16_bytes,
+        products(weights, lambda i, w: native.product(half_matrices[i], torch.bfloat16, rows[w.size(1)])),
+        nbytes,
     )
     found["PyTorch F.linear, bf16"] = (
-        each(lambda i, w: F.linear(half_rows[w.size(1)], halves[i])),
-        bf16_bytes,
+        products(weights, lambda i, w: F.linear(half_rows[w.size(1)], halves[i])),
+        nbytes,
     )
     if packs_for_onednn(torch.bfloat16, torch.device("cpu")):
         half_packed = [onednn_pack(h) for h in halves]
         found["oneDNN prepacked, bf16"] = (
-            each(lambda i, w: onednn_linear(half_rows[w.size(1)], half_packed[i], None)),
-            bf16_bytes,
+            products(weights, lambda i, w: onednn_linear(half_rows[w.size(1)], half_packed[i], None)),
+            nbytes,
         )
     else:
         found["oneDNN prepacked, bf16"] = "bf16 is not native on this CPU (or oneDNN's ops are missing)"
+    return found
 
-    int8_bytes = fp32_bytes // 4
+
+def int8_kernels(weights: list[torch.Tensor], rows: dict, nbytes: int, missing_native: str | None) -> Kernels:
+    """int8 weights: gptkit's native product, FBGEMM's dynamic quantization, PyTorch's weight-only product."""
+    found: Kernels = {}
     quantized = [] if missing_native else [Int8Linear(w) for w in weights]
     found["gptkit native, int8"] = missing_native or (
-        each(lambda i, w: quantized[i](rows[w.size(1)])),
-        int8_bytes,
+        products(weights, lambda i, w: quantized[i](rows[w.size(1)])),
+        nbytes,
     )
+    # Symmetric per-row int8 (scale: the row's largest |w| over 127), the weights both peers read.
     integers = [torch.round(w / (w.abs().amax(1, keepdim=True) / 127)).to(torch.int8) for w in weights]
     scales = [w.abs().amax(1) / 127 for w in weights]
     fbgemm = [fbgemm_pack(q, s, None) for q, s in zip(integers, scales)]
     if all(p is not None for p in fbgemm):
         found["FBGEMM dynamic int8"] = (
-            each(lambda i, w: torch.ops.quantized.linear_dynamic(rows[w.size(1)], fbgemm[i], True)),
-            int8_bytes,
+            products(
+                weights, lambda i, w: torch.ops.quantized.linear_dynamic(rows[w.size(1)], fbgemm[i], True)
+            ),
+            nbytes,
         )
     else:
         found["FBGEMM dynamic int8"] = "FBGEMM is missing here"
     found["PyTorch _weight_int8pack_mm, int8"] = (
-        each(lambda i, w: torch.ops.aten._weight_int8pack_mm(rows[w.size(1)], integers[i], scales[i])),
-        int8_bytes,
+        products(
+            weights, lambda i, w: torch.ops.aten._weight_int8pack_mm(rows[w.size(1)], integers[i], scales[i])
+        ),
+        nbytes,
     )
     return found
 

@@ -183,10 +183,14 @@ def multiple_choice_rows(ours: GPT, peer, tokenizer: Tokenizer, n: int, what: st
     return out
 
 
-def task_rows(n_layer: int, d_model: int, n_head: int, context: int, n: int, what, device, dtype, check):
+def gpt1_task_models(
+    tokenizer: Tokenizer, n_layer: int, d_model: int, n_head: int, context: int, device, dtype
+) -> tuple[TaskModel, object, TaskSpec]:
+    """gptkit's TaskModel and transformers' OpenAIGPTDoubleHeadsModel with the same random weights (gptkit
+    loads the peer's saved ones; its head is the peer's multiple-choice summary), on ``device`` in
+    ``dtype``; and the task's spec."""
     import transformers
 
-    tokenizer = Tokenizer.from_pretrained(DATA / "gpt1_bpe")
     config = transformers.OpenAIGPTConfig(
         vocab_size=len(tokenizer), n_positions=context, n_embd=d_model, n_layer=n_layer, n_head=n_head
     )
@@ -202,15 +206,27 @@ def task_rows(n_layer: int, d_model: int, n_head: int, context: int, n: int, wha
         model.head.bias.copy_(summary.bias)
     model.to(device=device, dtype=dtype)
     double_heads.to(device=device, dtype=dtype)
-    bare = double_heads.transformer  # OpenAIGPTModel, sharing the weights
+    return model, double_heads, spec
 
-    examples, _ = encode_examples(read_dataset("story_cloze", "dev", DATA)[:n], spec, tokenizer.encode)
-    tokens = sum(len(s) for e in examples for s in e.sequences)
-    # The batches TaskModel.logits forms, handed to the peers as they are.
+
+def task_batches(examples: list, spec: TaskSpec, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The batches TaskModel.logits forms, (input ids, classify positions), to hand to the peers as they are."""
     batches = []
     for start in range(0, len(examples), TASK_BATCH):
         batch = collate(examples[start : start + TASK_BATCH], False, PAD_TO_MULTIPLE, spec.max_length)
         batches.append((batch["input_ids"].to(device), batch["clf_positions"].to(device)))
+    return batches
+
+
+def task_rows(n_layer: int, d_model: int, n_head: int, context: int, n: int, what, device, dtype, check):
+    tokenizer = Tokenizer.from_pretrained(DATA / "gpt1_bpe")
+    model, double_heads, spec = gpt1_task_models(tokenizer, n_layer, d_model, n_head, context, device, dtype)
+    summary = double_heads.multiple_choice_head.summary
+    bare = double_heads.transformer  # OpenAIGPTModel, sharing the weights
+
+    examples, _ = encode_examples(read_dataset("story_cloze", "dev", DATA)[:n], spec, tokenizer.encode)
+    tokens = sum(len(s) for e in examples for s in e.sequences)
+    batches = task_batches(examples, spec, device)
 
     @torch.no_grad()
     def transformers_double_heads() -> torch.Tensor:
@@ -248,14 +264,55 @@ def task_rows(n_layer: int, d_model: int, n_head: int, context: int, n: int, wha
     return out
 
 
-def main() -> None:
-    import transformers
+# The peers of each measurement, by the measurement's name.
+PEERS = {
+    "perplexity": [PPL_PEER],
+    "zero-shot multiple-choice": [
+        MC_PEER,
+        MC_UNBATCHED,
+    ],
+    "fine-tuned multiple-choice eval": [
+        TASK_PEER,
+        TASK_BARE,
+    ],
+}
 
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", default=os.environ.get("GPTKIT_BENCH_QUICK") == "1")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def gpt2_rows(shape: dict, what: str, device: torch.device, dtype: torch.dtype, check: bool) -> list[dict]:
+    """Perplexity and zero-shot multiple choice: GPT-2 of ``shape`` with random weights on both sides."""
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=shape["n_layer"],
+        n_embd=shape["d_model"],
+        n_head=shape["n_head"],
+        n_positions=shape["context"],
+    )
+    peer = transformers.GPT2LMHeadModel(config).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        peer.save_pretrained(tmp)
+        ours = GPT.from_pretrained(tmp, dtype=dtype, device=str(device))
+    peer.to(device=device, dtype=dtype)
+    tokenizer = Tokenizer.from_pretrained(DATA / "gpt2_bpe")
+    text = (DATA / "wikitext2" / "test.txt").read_text(encoding="utf-8")
+    # About 5 characters a token: enough text for the tokens wanted, without encoding all of it.
+    ids = tokenizer.encode(text[: shape["ppl_tokens"] * 6])[: shape["ppl_tokens"]]
+    return perplexity_rows(ours, peer, ids, what, device, check) + multiple_choice_rows(
+        ours, peer, tokenizer, shape["mc_examples"], what, device, check
+    )
+
+
+def main() -> None:
+    args = parse_args()
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     shape = QUICK if args.quick else FULL
     fp32 = dtype == torch.float32
@@ -263,47 +320,18 @@ def main() -> None:
         "fp32" if fp32 else "bf16 weights"
     )
     gpt1_what = what.replace(f"context {shape['context']}", f"context {shape['gpt1_context']}")
-    peers = {
-        "perplexity": [PPL_PEER],
-        "zero-shot multiple-choice": [
-            MC_PEER,
-            MC_UNBATCHED,
-        ],
-        "fine-tuned multiple-choice eval": [
-            TASK_PEER,
-            TASK_BARE,
-        ],
-    }
     native = bf16_native(device)
     comparisons: list[dict] = []
     if not fp32 and not native.native:
         # bf16 matrix products without hardware support run tens of times slower than fp32: not a
         # figure anyone would use.
-        for name, names in peers.items():
+        for name, names in PEERS.items():
             comparisons += [
                 skipped(f"{name} tok/s, {what}", "tok/s", p, f"no native bf16: {native.reason}")
                 for p in names
             ]
     else:
-        torch.manual_seed(0)
-        config = transformers.GPT2Config(
-            n_layer=shape["n_layer"],
-            n_embd=shape["d_model"],
-            n_head=shape["n_head"],
-            n_positions=shape["context"],
-        )
-        peer = transformers.GPT2LMHeadModel(config).eval()
-        with tempfile.TemporaryDirectory() as tmp:
-            peer.save_pretrained(tmp)
-            ours = GPT.from_pretrained(tmp, dtype=dtype, device=str(device))
-        peer.to(device=device, dtype=dtype)
-        tokenizer = Tokenizer.from_pretrained(DATA / "gpt2_bpe")
-        text = (DATA / "wikitext2" / "test.txt").read_text(encoding="utf-8")
-        # About 5 characters a token: enough text for the tokens wanted, without encoding all of it.
-        ids = tokenizer.encode(text[: shape["ppl_tokens"] * 6])[: shape["ppl_tokens"]]
-        comparisons += perplexity_rows(ours, peer, ids, what, device, fp32)
-        comparisons += multiple_choice_rows(ours, peer, tokenizer, shape["mc_examples"], what, device, fp32)
-        del ours, peer
+        comparisons += gpt2_rows(shape, what, device, dtype, fp32)  # its models freed before GPT-1's
         comparisons += task_rows(
             shape["n_layer"],
             shape["d_model"],

@@ -93,12 +93,10 @@ def requests_in(results: dict) -> int:
     return counted
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", default=os.environ.get("GPTKIT_BENCH_QUICK") == "1")
-    args = parser.parse_args()
-    shape = QUICK if args.quick else FULL
-
+def race_backends(shape: dict) -> tuple[dict[str, list[float]], dict[str, dict], int]:
+    """gptkit's backend and lm-eval's hf one over the same model directory and tasks, alternating after a
+    warm-up, REPEATS times: each one's seconds a run, its last run's results by task, and the requests
+    a run makes."""
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
@@ -134,14 +132,24 @@ def main() -> None:
                 seconds[name].append(elapsed)
                 scores[name] = {task: results["results"][task] for task in tasks}
                 requests = requests_in(results)
+    return seconds, scores, requests
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", default=os.environ.get("GPTKIT_BENCH_QUICK") == "1")
+    args = parser.parse_args()
+    shape = QUICK if args.quick else FULL
+    seconds, scores, requests = race_backends(shape)
 
     rate = {name: requests / median(times) for name, times in seconds.items()}
+    # The scores beside the timings: both backends must agree on them.
     shown = {
         name: {
             "story_cloze_acc": round(scores[name]["bench_story_cloze"]["acc,none"], 4),
             "wikitext_word_perplexity": round(scores[name]["bench_wikitext"]["word_perplexity,none"], 4),
         }
-        for name in backends
+        for name in seconds
     }
     shape_text = f"{shape['n_layer']}L/{shape['d_model']}, ctx {shape['context']}, batch {BATCH_SIZE}, fp32"
     emit(

@@ -27,18 +27,14 @@ SHAPE = dict(n_layer=24, d_model=1024, n_head=16, vocab=50257, context=1024, bat
 RANK, WARMUP, STEPS, ROUNDS = 8, 1, 2, 2
 
 
-def worker(variant: str) -> None:
-    import torch
-
+def task_model(variant: str):
+    """SHAPE's classifier (three special tokens added), trained whole (full), through gptkit's LoRA or
+    through peft's."""
     from gptkit import GPT, GPTConfig
     from gptkit.data.tasks import TaskSpec
     from gptkit.model.lora import LoRASettings, add_lora
     from gptkit.model.task import TaskModel
-    from gptkit.train.memory import keep_freed_memory
-    from gptkit.train.optim import build_optimizer
 
-    keep_freed_memory()  # as gptkit's Trainer does on CPU
-    torch.manual_seed(0)
     s = SHAPE
     config = GPTConfig(
         vocab_size=s["vocab"],
@@ -62,6 +58,35 @@ def worker(variant: str) -> None:
             r=RANK, lora_alpha=2 * RANK, target_modules=["c_attn", "c_proj", "c_fc"], modules_to_save=["head"]
         )
         model = get_peft_model(model, lora)
+    return model
+
+
+def time_updates(model, optimizer, batch: dict) -> tuple[list[float], list[float]]:
+    """CPU and wall seconds of each of STEPS updates, after WARMUP untimed ones."""
+    cpu_times, wall_times = [], []
+    for step in range(WARMUP + STEPS):
+        cpu, wall = time.process_time(), time.perf_counter()
+        loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step >= WARMUP:
+            cpu_times.append(time.process_time() - cpu)
+            wall_times.append(time.perf_counter() - wall)
+    return cpu_times, wall_times
+
+
+def worker(variant: str) -> None:
+    """One variant in its own process (its peak RSS is its own): its figures as one JSON line."""
+    import torch
+
+    from gptkit.train.memory import keep_freed_memory
+    from gptkit.train.optim import build_optimizer
+
+    keep_freed_memory()  # as gptkit's Trainer does on CPU
+    torch.manual_seed(0)
+    s = SHAPE
+    model = task_model(variant)
     model.train()
     optimizer = build_optimizer(model, 6.25e-5, 0.01)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -73,16 +98,7 @@ def worker(variant: str) -> None:
         lm_labels=ids,
         targets=torch.randint(0, 2, (s["batch"],)),
     )
-    cpu_times, wall_times = [], []
-    for step in range(WARMUP + STEPS):
-        cpu, wall = time.process_time(), time.perf_counter()
-        loss = model(**batch).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step >= WARMUP:
-            cpu_times.append(time.process_time() - cpu)
-            wall_times.append(time.perf_counter() - wall)
+    cpu_times, wall_times = time_updates(model, optimizer, batch)
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(
         json.dumps(

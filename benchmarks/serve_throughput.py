@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -236,14 +237,11 @@ def main() -> None:
     emit("serve_throughput", **report)
 
 
-def measure(server: Server, model_dir: Path) -> dict:
-    """Every figure of the report, the server running."""
+def one_at_a_time_decoders(model_dir: Path) -> tuple[Callable, Callable]:
+    """Greedy decoders of one request, ``decode(ids) -> new ids``, on the server's weights: the two peers,
+    transformers' GPT2LMHeadModel.generate and gptkit.generate, each with its KV cache."""
     import transformers
 
-    memory_row, memory = measure_memory(server)  # first, so that "the first 50" are the server's first
-
-    tokenizer = Tokenizer.from_pretrained(model_dir)
-    prompts = [tokenizer.encode(PROMPTS[i % len(PROMPTS)]) for i in range(PEER_REQUESTS)]
     reference = transformers.GPT2LMHeadModel.from_pretrained(model_dir).eval()
     ours = GPT.from_pretrained(model_dir, dtype=torch.float32).eval()
 
@@ -265,12 +263,22 @@ def measure(server: Server, model_dir: Path) -> dict:
             0, len(ids) :
         ].tolist()
 
-    served_text = asyncio.run(first_text(server, PROMPTS[0]))  # also the server's warm-up
-    peer_ids = peer_decode(prompts[0])
-    peer_ids = peer_ids[: peer_ids.index(EOS)] if EOS in peer_ids else peer_ids  # the server drops it
-    same_text = served_text == tokenizer.decode_text(peer_ids)
-    ours_decode(prompts[0])  # warm-up
+    return peer_decode, ours_decode
 
+
+def serves_the_peers_greedy_text(server: Server, tokenizer: Tokenizer, peer_decode: Callable) -> bool:
+    """Whether the server's greedy text for the first prompt is transformers'; the request is also the
+    server's warm-up."""
+    served_text = asyncio.run(first_text(server, PROMPTS[0]))
+    peer_ids = peer_decode(tokenizer.encode(PROMPTS[0]))
+    peer_ids = peer_ids[: peer_ids.index(EOS)] if EOS in peer_ids else peer_ids  # the server drops it
+    return served_text == tokenizer.decode_text(peer_ids)
+
+
+def race(server: Server, prompts: list[list[int]], peer_decode: Callable, ours_decode: Callable) -> dict:
+    """REPEATS rounds, each the server under load and then both peers one request at a time (alternating,
+    so drift in the machine hits all alike): each side's tok/s and the times to first token; stopped at
+    the first phase that runs past PHASE_LIMIT_S, with ``skip_reason`` saying which."""
     server_tps, peer_tps, ours_tps, ttft = [], [], [], []
     skip_reason = None
     for _ in range(REPEATS):
@@ -290,31 +298,57 @@ def measure(server: Server, model_dir: Path) -> dict:
         except MeasurementTimeout as e:
             skip_reason = f"the one-at-a-time phase {e}"
             break
+    return {
+        "server": server_tps,
+        "peer": peer_tps,
+        "ours": ours_tps,
+        "ttft": ttft,
+        "skip_reason": skip_reason,
+    }
 
+
+def throughput_rows(raced: dict) -> list[dict]:
+    """The server's tok/s against each one-at-a-time peer, or both skipped with the race's reason."""
     what = f"generated tok/s, {CLIENTS} streaming clients vs {ONE_AT_A_TIME}, GPT-2 small, fp32, greedy"
     peers = {
         "transformers": f"transformers GPT2LMHeadModel.generate (KV cache), {ONE_AT_A_TIME}",
         "gptkit": f"gptkit.generate (KV cache), {ONE_AT_A_TIME}",
     }
-    if skip_reason is None:
-        rows = [
-            comparison(what, "tok/s", median(server_tps), peers["transformers"], median(peer_tps)),
-            comparison(what, "tok/s", median(server_tps), peers["gptkit"], median(ours_tps)),
-        ]
-    else:
-        rows = [skipped(what, "tok/s", peer, skip_reason) for peer in peers.values()]
-    latency = (
-        {
-            "median_s": round(median(ttft), 4),
-            "p95_s": round(percentile(ttft, 0.95), 4),
-            "requests": len(ttft),
-        }
-        if ttft
-        else {"skipped": skip_reason}
-    )
+    if raced["skip_reason"] is not None:
+        return [skipped(what, "tok/s", peer, raced["skip_reason"]) for peer in peers.values()]
+    server_tps = median(raced["server"])
+    return [
+        comparison(what, "tok/s", server_tps, peers["transformers"], median(raced["peer"])),
+        comparison(what, "tok/s", server_tps, peers["gptkit"], median(raced["ours"])),
+    ]
+
+
+def latency(raced: dict) -> dict:
+    """Time to first token under load, over every streamed request the race completed."""
+    ttft = raced["ttft"]
+    if not ttft:
+        return {"skipped": raced["skip_reason"]}
     return {
-        "comparisons": [*rows, memory_row],
-        "time_to_first_token_under_load": latency,
+        "median_s": round(median(ttft), 4),
+        "p95_s": round(percentile(ttft, 0.95), 4),
+        "requests": len(ttft),
+    }
+
+
+def measure(server: Server, model_dir: Path) -> dict:
+    """Every figure of the report, the server running."""
+    memory_row, memory = measure_memory(server)  # first, so that "the first 50" are the server's first
+
+    tokenizer = Tokenizer.from_pretrained(model_dir)
+    prompts = [tokenizer.encode(PROMPTS[i % len(PROMPTS)]) for i in range(PEER_REQUESTS)]
+    peer_decode, ours_decode = one_at_a_time_decoders(model_dir)
+    same_text = serves_the_peers_greedy_text(server, tokenizer, peer_decode)
+    ours_decode(prompts[0])  # warm-up
+
+    raced = race(server, prompts, peer_decode, ours_decode)
+    return {
+        "comparisons": [*throughput_rows(raced), memory_row],
+        "time_to_first_token_under_load": latency(raced),
         "memory": memory,
         "same_greedy_text_as_transformers": same_text,
         "setup": {

@@ -34,12 +34,10 @@ def flops_per_token(shape: dict) -> float:
     return 6 * n_matmul + 12 * L * d * T
 
 
-def worker(library: str, precision: str, tuned_malloc: bool = True) -> None:
-    import contextlib
-
+def model_and_optimizer(library: str, tuned_malloc: bool) -> tuple:
+    """SHAPE's model, on DEVICE in training mode, and its AdamW, each as the library's users build them."""
     import torch
 
-    torch.manual_seed(0)
     s = SHAPE
     if library == "gptkit":
         from gptkit import GPT, GPTConfig
@@ -79,6 +77,18 @@ def worker(library: str, precision: str, tuned_malloc: bool = True) -> None:
         optimizer = build_optimizer(model, 1e-4, 0.01)  # after the move: its state lives on the device
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    return model, optimizer
+
+
+def worker(library: str, precision: str, tuned_malloc: bool = True) -> None:
+    """One measurement, in its own process: tok/s of STEPS training steps after WARMUP, and peak memory."""
+    import contextlib
+
+    import torch
+
+    torch.manual_seed(0)
+    s = SHAPE
+    model, optimizer = model_and_optimizer(library, tuned_malloc)
     ids = torch.randint(0, s["vocab"], (s["batch"], s["context"])).to(DEVICE)
     device_type = torch.device(DEVICE).type
     autocast = (

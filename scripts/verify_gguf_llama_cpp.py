@@ -94,14 +94,40 @@ def compare(reference: dict, got: dict) -> dict:
     }
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="A gptkit or Hugging Face GPT-2 model directory.")
     parser.add_argument("--tokenizer", help="Tokenizer directory (default: the model directory).")
     parser.add_argument("--out", help="Where to write the .gguf files (default: a temporary directory).")
     parser.add_argument("--new-tokens", type=int, default=32, help="Greedy tokens per prompt (default: 32).")
     parser.add_argument("--threads", type=int, default=None, help="llama.cpp's threads (default: its own).")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def verify_type(llm, path: Path, dtype: str, prompts: dict, references: dict, new_tokens: int) -> dict:
+    """One exported type in llama.cpp against gptkit, prompt by prompt, and whether it passes."""
+    tolerance = TOLERANCES[dtype]
+    per_prompt = []
+    for prompt, ids in prompts.items():
+        row = compare(references[prompt], llama_cpp_run(llm, ids, new_tokens))
+        row["tokenizer_agrees"] = llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=False) == ids
+        per_prompt.append({"prompt": prompt, **row})
+    worst = max(row["max_abs_log_prob_diff"] for row in per_prompt)
+    ok = worst <= tolerance and all(row["tokenizer_agrees"] for row in per_prompt)
+    if dtype == "f32":
+        ok = ok and all(row["greedy_identical"] for row in per_prompt)
+    return {
+        "file_bytes": path.stat().st_size,
+        "max_abs_log_prob_diff": worst,
+        "tolerance": tolerance,
+        "greedy_identical": sum(row["greedy_identical"] for row in per_prompt),
+        "prompts": per_prompt,
+        "pass": ok,
+    }
+
+
+def main() -> int:
+    args = parse_args()
     try:
         import llama_cpp
     except ImportError:
@@ -113,8 +139,8 @@ def main() -> int:
     prompts = {prompt: tokenizer.encode(prompt) for prompt in PROMPTS}
     references = {prompt: gptkit_reference(model, ids, args.new_tokens) for prompt, ids in prompts.items()}
     out = Path(args.out or tempfile.mkdtemp(prefix="gptkit-gguf-"))
-    results, passed = {}, True
-    for dtype, tolerance in TOLERANCES.items():
+    results = {}
+    for dtype in TOLERANCES:
         path = export_gguf(model, tokenizer, out / f"model-{dtype}.gguf", quantize=dtype)
         llm = llama_cpp.Llama(
             model_path=str(path),
@@ -125,27 +151,9 @@ def main() -> int:
             type_v=GGML_TYPE_F32,
             verbose=False,
         )
-        per_prompt = []
-        for prompt, ids in prompts.items():
-            row = compare(references[prompt], llama_cpp_run(llm, ids, args.new_tokens))
-            row["tokenizer_agrees"] = (
-                llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=False) == ids
-            )
-            per_prompt.append({"prompt": prompt, **row})
-        worst = max(row["max_abs_log_prob_diff"] for row in per_prompt)
-        ok = worst <= tolerance and all(row["tokenizer_agrees"] for row in per_prompt)
-        if dtype == "f32":
-            ok = ok and all(row["greedy_identical"] for row in per_prompt)
-        results[dtype] = {
-            "file_bytes": path.stat().st_size,
-            "max_abs_log_prob_diff": worst,
-            "tolerance": tolerance,
-            "greedy_identical": sum(row["greedy_identical"] for row in per_prompt),
-            "prompts": per_prompt,
-            "pass": ok,
-        }
-        passed = passed and ok
-        del llm
+        results[dtype] = verify_type(llm, path, dtype, prompts, references, args.new_tokens)
+        del llm  # one llama.cpp model in memory at a time
+    passed = all(result["pass"] for result in results.values())
     report = {
         "check": "gguf_llama_cpp",
         "model": str(args.model),
