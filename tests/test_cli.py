@@ -110,21 +110,42 @@ def test_generation_session_draws_every_sample_from_one_seeded_generator(models)
     assert "".join(generation_session(config)).split("\n")[:-1] == printed  # the same seed, the same session
 
 
-@pytest.mark.slow
-def test_perplexity_zeroshot_and_tradeoff_commands(models, data_dir, tmp_path):
-    text = tmp_path / "peter_pan.txt"  # a book's first 30,000 characters: many windows, seconds
+@pytest.fixture(scope="module")
+def book(data_dir, tmp_path_factory) -> Path:
+    """A book's first 30,000 characters: many windows, seconds."""
+    text = tmp_path_factory.mktemp("book") / "peter_pan.txt"
     text.write_text(
         (data_dir / "gutenberg" / "pg16.txt").read_text(encoding="utf-8")[:30_000], encoding="utf-8"
     )
-    result = gptkit("perplexity", "--model", models["lm"], text, "--dtype", "float32")
+    return text
+
+
+@pytest.fixture(scope="module")
+def fp32_lm(models) -> tuple:
+    """The tiny language model and its tokenizer as the commands load it, in fp32: the hand computations'."""
+    from gptkit.generation import load_for_generation
+
+    return load_for_generation(models["lm"], dtype="float32", decoding=False)
+
+
+def _logprob(model, prefix: list[int], word: list[int]) -> float:
+    """log P(word | prefix) under the model, by hand: one forward pass, the word's tokens' log-softmax."""
+    ids = torch.tensor([prefix + word])
+    with torch.no_grad():
+        logp = model(ids).logits.float().log_softmax(-1)[0]
+    return sum(float(logp[len(prefix) - 1 + i, t]) for i, t in enumerate(word))
+
+
+@pytest.mark.slow
+def test_perplexity_command_agrees_with_the_library_and_int8_with_fp32(models, book, fp32_lm):
+    result = gptkit("perplexity", "--model", models["lm"], book, "--dtype", "float32")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     # The same number from the library, on the same ids, with windows scored by hand.
     from gptkit.evaluate.lm import perplexity
-    from gptkit.generation import load_for_generation
 
-    model, tokenizer = load_for_generation(models["lm"], dtype="float32", decoding=False)
-    ids = tokenizer.encode(text.read_text(encoding="utf-8"))
+    model, tokenizer = fp32_lm
+    ids = tokenizer.encode(book.read_text(encoding="utf-8"))
     assert report["tokens"] == len(ids) - 1
     assert report["perplexity"] == pytest.approx(perplexity(model, ids)["perplexity"], rel=1e-3)
     window = torch.tensor([ids[:64]])
@@ -132,9 +153,13 @@ def test_perplexity_zeroshot_and_tradeoff_commands(models, data_dir, tmp_path):
         first_window_loss = float(model(window, labels=window).loss)
     assert perplexity(model, ids[:64])["nll"] == pytest.approx(first_window_loss, rel=1e-5)
     # Weight-only int8: the same text scores within 1% of fp32's perplexity.
-    quantized = gptkit("perplexity", "--model", models["lm"], text, "--quantize", "int8")
+    quantized = gptkit("perplexity", "--model", models["lm"], book, "--quantize", "int8")
     assert quantized.returncode == 0, quantized.stderr
     assert json.loads(quantized.stdout)["perplexity"] == pytest.approx(report["perplexity"], rel=0.01)
+
+
+@pytest.mark.slow
+def test_zeroshot_command_scores_sentiment_as_the_heuristic_by_hand(models, data_dir, fp32_lm):
     result = gptkit(
         "zeroshot",
         "--model",
@@ -152,17 +177,14 @@ def test_perplexity_zeroshot_and_tradeoff_commands(models, data_dir, tmp_path):
     # The heuristic by hand (§5): after "<sentence> very", is "positive" likelier than "negative"?
     from gptkit.data.registry import read_dataset
 
-    def logprob(prefix: list[int], word: list[int]) -> float:
-        ids = torch.tensor([prefix + word])
-        with torch.no_grad():
-            logp = model(ids).logits.float().log_softmax(-1)[0]
-        return sum(float(logp[len(prefix) - 1 + i, t]) for i, t in enumerate(word))
-
+    model, tokenizer = fp32_lm
     examples = read_dataset("sst2", "dev", data_dir)[:20]
     right = near_ties = 0
     for e in examples:
         prefix = tokenizer.encode(e.fields["text"] + " very")
-        margin = logprob(prefix, tokenizer.encode("positive")) - logprob(prefix, tokenizer.encode("negative"))
+        margin = _logprob(model, prefix, tokenizer.encode("positive")) - _logprob(
+            model, prefix, tokenizer.encode("negative")
+        )
         right += (margin > 0) == (e.label == "1")
         # The tiny model barely tells the words apart: a margin within float rounding of batched
         # scoring may fall either way, so it may move the count by one.
@@ -170,6 +192,10 @@ def test_perplexity_zeroshot_and_tradeoff_commands(models, data_dir, tmp_path):
     report = json.loads(result.stdout)
     assert report["examples"] == 20
     assert abs(report["accuracy"] * 20 - right) <= near_ties + 1e-6
+
+
+@pytest.mark.slow
+def test_zeroshot_command_over_the_checkpoints_scores_each_complete_one(models, data_dir):
     result = gptkit(
         "zeroshot",
         "--model",
@@ -184,13 +210,19 @@ def test_perplexity_zeroshot_and_tradeoff_commands(models, data_dir, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert [json.loads(line)["step"] for line in result.stdout.splitlines()] == [20]
+
+
+@pytest.mark.slow
+def test_analyze_tradeoff_command_recommends_the_temperature_nearest_the_reference(
+    models, book, fp32_lm, tmp_path
+):
     result = gptkit(
         "analyze",
         "tradeoff",
         "--model",
         models["lm"],
         "--prompts",
-        text,
+        book,
         "--out",
         tmp_path,
         "--temperatures",
@@ -210,8 +242,9 @@ def test_perplexity_zeroshot_and_tradeoff_commands(models, data_dir, tmp_path):
     # The fidelity reference by hand: the true continuations' mean NLL per token under the model.
     from gptkit.evaluate.tradeoff import passages_from_text
 
-    passages = passages_from_text(tokenizer.encode(text.read_text(encoding="utf-8")), 8, 8, 3)
-    nll = -sum(logprob(prompt, truth) for prompt, truth in passages) / (3 * 8)
+    model, tokenizer = fp32_lm
+    passages = passages_from_text(tokenizer.encode(book.read_text(encoding="utf-8")), 8, 8, 3)
+    nll = -sum(_logprob(model, prompt, truth) for prompt, truth in passages) / (3 * 8)
     assert tradeoff["reference_nll"] == pytest.approx(nll, rel=1e-3)
     recommended = min(tradeoff["settings"], key=lambda s: abs(s["sample_nll"] - nll))
     assert f"recommended: temperature {recommended['temperature']}" in result.stdout

@@ -315,27 +315,41 @@ def test_demo_from_published_weights_pairs_both_sides_update_for_update(hub_home
 # The download itself, from a Hub on 127.0.0.1 ------------------------------------------------------
 
 
-def _gptkit(*args: str, env: dict) -> subprocess.CompletedProcess:
+def _gptkit(*args: str, env: dict, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "gptkit", *args],
         cwd=REPO,
         env=env,
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=120,
     )
 
 
+def _online_env(tmp_path: Path) -> dict:
+    """The environment of a `gptkit` that may reach a Hub (the tests' own is offline), caching under
+    ``tmp_path``."""
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+    env.pop("HF_HUB_OFFLINE", None)
+    return env
+
+
+def _with_weights_gptkit_skips(repository: Path, folder: Path) -> Path:
+    """A copy of ``repository`` in ``folder`` that also holds TensorFlow weights, and pickled ones beside
+    its safetensors: files a download must leave on the Hub."""
+    shutil.copytree(repository, folder)
+    (folder / "tf_model.h5").write_bytes(b"TensorFlow weights: never fetched")
+    (folder / "pytorch_model.bin").write_bytes(b"pickled weights: never fetched beside safetensors")
+    return folder
+
+
 @pytest.mark.slow
 def test_download_fetches_only_what_gptkit_reads_and_reports_what_the_hub_answered(repos, tmp_path):
     from tests.fake_hub import FakeHub
 
-    folder = tmp_path / "repo"
-    shutil.copytree(repos[GPT2], folder)
-    (folder / "tf_model.h5").write_bytes(b"TensorFlow weights: never fetched")
-    (folder / "pytorch_model.bin").write_bytes(b"pickled weights: never fetched beside safetensors")
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_DISABLE_TELEMETRY": "1"}
-    env.pop("HF_HUB_OFFLINE", None)
+    folder = _with_weights_gptkit_skips(repos[GPT2], tmp_path / "repo")
+    env = _online_env(tmp_path)
     with FakeHub() as fake:
         fake.add(GPT2, folder)
         fake.add("someone/gated", folder)
@@ -378,15 +392,7 @@ def test_download_fetches_only_what_gptkit_reads_and_reports_what_the_hub_answer
         assert said in result.stderr.strip().splitlines()[-1], result.stderr
     # Offline now, the cache answers by name.
     env["HF_HUB_OFFLINE"] = "1"
-    result = subprocess.run(
-        [sys.executable, "-m", "gptkit", "tokenize", "--tokenizer", "gpt2"],
-        cwd=REPO,
-        env=env,
-        input="hello world",
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = _gptkit("tokenize", "--tokenizer", "gpt2", env=env, stdin="hello world")
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["31373", "995"]
 
@@ -401,8 +407,7 @@ def test_a_repository_without_safetensors_gives_its_pytorch_weights(repos, tmp_p
     torch.save(reference.state_dict(), folder / "pytorch_model.bin")  # the older, pickled format
     for name in ("config.json", "vocab.json", "merges.txt"):
         shutil.copyfile(repos[GPT2] / name, folder / name)
-    env = {**os.environ, "HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_DISABLE_TELEMETRY": "1"}
-    env.pop("HF_HUB_OFFLINE", None)
+    env = _online_env(tmp_path)
     with FakeHub() as fake:
         fake.add("someone/bin-only", folder)
         env["HF_ENDPOINT"] = fake.endpoint

@@ -130,8 +130,9 @@ def test_an_empty_question_is_a_bad_row(tmp_path):
     assert encode_examples(examples, spec, encode, skip_bad_rows=True) == ([], 1)
 
 
-def test_finetune_and_predict_with_a_question(tmp_path, small_tokenizer):
-    """A tiny run on a story/question/answers CSV; the saved model's predictions use the question."""
+def _write_story_questions(train, dev) -> None:
+    """16 stories, each with a question and four answers (the answer given by column name, by 0-based
+    index and by its text, in turn): all in ``train``, the first 8 in ``dev``."""
     rows = [["story", "q", "a", "b", "c", "d", "answer"]]
     for i in range(16):
         cat_first = i % 2 == 0
@@ -140,8 +141,36 @@ def test_finetune_and_predict_with_a_question(tmp_path, small_tokenizer):
         rows.append(
             [story, question, "sat", "ran away", "on the mat", "nothing", ["a", "1", "on the mat"][i % 3]]
         )
-    _write(tmp_path / "train.csv", rows, ",")
-    _write(tmp_path / "dev.csv", rows[:9], ",")
+    _write(train, rows, ",")
+    _write(dev, rows[:9], ",")
+
+
+def _answer_probabilities_by_hand(model: TaskModel, example: Example, with_question: bool) -> list[float]:
+    """[z; q; $; a_k] for each answer (without q if not ``with_question``), W_y at <e>, softmax over the
+    answers: the model's scores, one sequence at a time."""
+    tokenizer = model.tokenizer
+    ids = special_token_ids(tokenizer)
+    start, delim, extract = ids["_start_"], ids["_delimiter_"], ids["_classify_"]
+    question = tokenizer.encode(example.fields["question"]) if with_question else []
+    sequences = [
+        [
+            start,
+            *tokenizer.encode(example.fields["context"]),
+            *question,
+            delim,
+            *tokenizer.encode(a),
+            extract,
+        ]
+        for a in example.fields["choices"]
+    ]
+    with torch.no_grad():
+        logits = [model(torch.tensor([[s]]), torch.tensor([[len(s) - 1]])).logits[0, 0] for s in sequences]
+    return torch.stack(logits).softmax(-1).tolist()
+
+
+def test_finetune_and_predict_with_a_question(tmp_path, small_tokenizer):
+    """A tiny run on a story/question/answers CSV; the saved model's predictions use the question."""
+    _write_story_questions(tmp_path / "train.csv", tmp_path / "dev.csv")
     config = FinetuneConfig(
         task="multiple_choice",
         train=str(tmp_path / "train.csv"),
@@ -162,37 +191,16 @@ def test_finetune_and_predict_with_a_question(tmp_path, small_tokenizer):
     predictions = predict(tmp_path / "run", dev)
     assert len(predictions) == 8
 
-    # The same scores by hand: [z; q; $; a_k] for each answer, W_y at <e>, softmax over the answers.
+    # The same scores by hand, from the saved model.
     model = TaskModel.from_pretrained(tmp_path / "run")
-    tokenizer = model.tokenizer
-    ids = special_token_ids(tokenizer)
-    start, delim, extract = ids["_start_"], ids["_delimiter_"], ids["_classify_"]
-
-    def probabilities(example: Example, with_question: bool) -> list[float]:
-        question = tokenizer.encode(example.fields["question"]) if with_question else []
-        sequences = [
-            [
-                start,
-                *tokenizer.encode(example.fields["context"]),
-                *question,
-                delim,
-                *tokenizer.encode(a),
-                extract,
-            ]
-            for a in example.fields["choices"]
-        ]
-        with torch.no_grad():
-            logits = [
-                model(torch.tensor([[s]]), torch.tensor([[len(s) - 1]])).logits[0, 0] for s in sequences
-            ]
-        return torch.stack(logits).softmax(-1).tolist()
-
     for prediction, example in zip(predictions, dev):
-        expected = probabilities(example, with_question=True)
+        expected = _answer_probabilities_by_hand(model, example, with_question=True)
         assert list(prediction["probabilities"].values()) == pytest.approx(expected, abs=1e-5)
         assert prediction["label"] == max(range(4), key=lambda k: expected[k])
+    # The question changes the scores: without it, some example's answers score otherwise.
     assert any(
-        probabilities(e, with_question=False) != pytest.approx(probabilities(e, with_question=True), abs=1e-5)
+        _answer_probabilities_by_hand(model, e, with_question=False)
+        != pytest.approx(_answer_probabilities_by_hand(model, e, with_question=True), abs=1e-5)
         for e in dev
     )
 

@@ -201,17 +201,16 @@ def _expected_rgb(p: float) -> tuple[int, int, int]:
     return round(r * 255), round(g * 255), round(b * 255)
 
 
-def test_playground_streams_the_tokens_shaded_by_their_probabilities(server, browser, tmp_path):
-    from selenium.webdriver.common.action_chains import ActionChains
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    state = _generate(browser, server, KEY)
-    assert state == "done", browser.find_element(By.ID, "status").text
-    shown = browser.execute_script(
+def _tokens_shown(browser) -> list[list]:
+    """The page's tokens: [data-token, text, data-logprob, computed background colour] of each."""
+    return browser.execute_script(
         "return [...document.querySelectorAll('#output .token')].map(s =>"
         " [s.dataset.token, s.textContent, Number(s.dataset.logprob), getComputedStyle(s).backgroundColor])"
     )
+
+
+def _reference_logprobs(server: Server) -> dict:
+    """The page's request (same prompt, settings and seed) sent straight to /v1/completions: its logprobs."""
     body = {
         "model": MODEL,
         "prompt": PROMPT,
@@ -224,7 +223,40 @@ def test_playground_streams_the_tokens_shaded_by_their_probabilities(server, bro
     }
     reference = httpx.post(f"{server.base}/v1/completions", json=body, headers=AUTH, timeout=60)
     assert reference.status_code == 200, reference.text
-    logprobs = reference.json()["choices"][0]["logprobs"]
+    return reference.json()["choices"][0]["logprobs"]
+
+
+def _alternatives_on_hover(browser, index: int) -> list[list]:
+    """Hover the page's ``index``-th token; its tooltip's rows: [data-token, data-logprob, percentage shown]."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    span = browser.find_elements(By.CSS_SELECTOR, "#output .token")[index]
+    ActionChains(browser).move_to_element(span).perform()
+    tooltip = browser.find_element(By.ID, "tooltip")
+    WebDriverWait(browser, 10).until(lambda _: tooltip.is_displayed())
+    return browser.execute_script(
+        "return [...document.querySelectorAll('#tooltip .alternative')].map(r =>"
+        " [r.dataset.token, Number(r.dataset.logprob), r.querySelector('.alt-p').textContent])"
+    )
+
+
+def _save_screenshot(browser, path: Path, copy_to_variable: str) -> None:
+    """Save the page's screenshot at ``path``, and copy it where the environment variable says, if set
+    (the docs' screenshots are taken this way)."""
+    assert browser.save_screenshot(str(path))
+    if os.environ.get(copy_to_variable):
+        shutil.copyfile(path, os.environ[copy_to_variable])
+
+
+def test_playground_streams_the_tokens_shaded_by_their_probabilities(server, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    state = _generate(browser, server, KEY)
+    assert state == "done", browser.find_element(By.ID, "status").text
+    shown = _tokens_shown(browser)
+    logprobs = _reference_logprobs(server)
     assert len(shown) == len(logprobs["tokens"]) > 0
     for i, (token, text, logprob, background) in enumerate(shown):
         assert token == text == logprobs["tokens"][i]
@@ -247,14 +279,7 @@ def test_playground_streams_the_tokens_shaded_by_their_probabilities(server, bro
 
     # Hover the least likely token: the tooltip lists the model's top alternatives and their probabilities.
     least = min(range(len(probabilities)), key=probabilities.__getitem__)
-    span = browser.find_elements(By.CSS_SELECTOR, "#output .token")[least]
-    ActionChains(browser).move_to_element(span).perform()
-    tooltip = browser.find_element(By.ID, "tooltip")
-    WebDriverWait(browser, 10).until(lambda _: tooltip.is_displayed())
-    rows = browser.execute_script(
-        "return [...document.querySelectorAll('#tooltip .alternative')].map(r =>"
-        " [r.dataset.token, Number(r.dataset.logprob), r.querySelector('.alt-p').textContent])"
-    )
+    rows = _alternatives_on_hover(browser, least)
     top = logprobs["top_logprobs"][least]
     assert {token for token, _, _ in rows} == set(top) and len(rows) == len(top) > 0
     for token, logprob, percent in rows:
@@ -262,10 +287,7 @@ def test_playground_streams_the_tokens_shaded_by_their_probabilities(server, bro
         assert float(percent.rstrip("%")) == pytest.approx(100 * math.exp(top[token]), abs=0.051)
     assert [lp for _, lp, _ in rows] == sorted((lp for _, lp, _ in rows), reverse=True)
 
-    screenshot = tmp_path / "playground.png"
-    assert browser.save_screenshot(str(screenshot))
-    if os.environ.get("GPTKIT_PLAYGROUND_SCREENSHOT"):
-        shutil.copyfile(screenshot, os.environ["GPTKIT_PLAYGROUND_SCREENSHOT"])
+    _save_screenshot(browser, tmp_path / "playground.png", "GPTKIT_PLAYGROUND_SCREENSHOT")
 
 
 def test_playground_shows_the_servers_error(server, browser):
@@ -331,7 +353,4 @@ def test_the_classify_view_shows_a_task_models_probabilities_as_bars(server, bro
     assert not browser.find_elements(By.CSS_SELECTOR, "#classify-output b")
 
     browser.execute_script("document.getElementById('classify-view').scrollIntoView()")
-    screenshot = tmp_path / "classify.png"
-    assert browser.save_screenshot(str(screenshot))
-    if os.environ.get("GPTKIT_PLAYGROUND_CLASSIFY_SCREENSHOT"):
-        shutil.copyfile(screenshot, os.environ["GPTKIT_PLAYGROUND_CLASSIFY_SCREENSHOT"])
+    _save_screenshot(browser, tmp_path / "classify.png", "GPTKIT_PLAYGROUND_CLASSIFY_SCREENSHOT")
