@@ -52,6 +52,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
@@ -210,6 +211,20 @@ def onnxruntime_int8(fp32_path: Path) -> Path:
     return path
 
 
+# ONNX Runtime's rows: greedy decoding in fp32 and in int8, and time to first token by (gptkit's
+# format, ONNX Runtime's format).
+ONNX_FP32 = (
+    "greedy new tok/s, GPT-2 small, fp32, gptkit decoding layout vs ONNX Runtime (gptkit export --past)"
+)
+ONNX_INT8 = "greedy new tok/s, GPT-2 small, int8, gptkit int8 weights vs ONNX Runtime quantize_dynamic int8"
+ONNX_GPTKIT_FORMATS = {"fp32": "fp32 decoding layout", "bf16": "bf16 weights", "int8": "int8 weights"}
+ONNX_PREFILL = {
+    (mine, theirs): f"time to first token, GPT-2 small, {PREFILL}-token prompt, "
+    f"gptkit {ONNX_GPTKIT_FORMATS[mine]} vs ONNX Runtime {theirs}"
+    for mine, theirs in (("fp32", "fp32"), ("bf16", "fp32"), ("int8", "int8"))
+}
+
+
 def onnxruntime_rows(
     model: GPT,
     ours: dict[str, torch.nn.Module | None],
@@ -223,20 +238,10 @@ def onnxruntime_rows(
     time to first token of a PREFILL-token prompt for gptkit fp32, bf16 and int8 against ONNX
     Runtime fp32 and int8. ``ours``: gptkit's models by format (fp32, bf16, int8; None where this
     device lacks one). Returns the rows and the ONNX files by format (none when skipped)."""
-    fp32 = (
-        "greedy new tok/s, GPT-2 small, fp32, gptkit decoding layout vs ONNX Runtime (gptkit export --past)"
-    )
-    int8 = "greedy new tok/s, GPT-2 small, int8, gptkit int8 weights vs ONNX Runtime quantize_dynamic int8"
-    formats = {"fp32": "fp32 decoding layout", "bf16": "bf16 weights", "int8": "int8 weights"}
-    prefill = {
-        (mine, theirs): f"time to first token, GPT-2 small, {PREFILL}-token prompt, "
-        f"gptkit {formats[mine]} vs ONNX Runtime {theirs}"
-        for mine, theirs in (("fp32", "fp32"), ("bf16", "fp32"), ("int8", "int8"))
-    }
 
     def all_skipped(peer: str, reason: str) -> tuple[list[dict], dict[str, Path]]:
-        rows = [skipped(what, "tok/s", peer, reason) for what in (fp32, int8)]
-        return rows + [skipped(what, "s", peer, reason) for what in prefill.values()], {}
+        rows = [skipped(what, "tok/s", peer, reason) for what in (ONNX_FP32, ONNX_INT8)]
+        return rows + [skipped(what, "s", peer, reason) for what in ONNX_PREFILL.values()], {}
 
     try:
         import onnxruntime
@@ -251,9 +256,18 @@ def onnxruntime_rows(
     paths = {"fp32": export_onnx(model, Path(directory) / "decoder.onnx", past=True)}
     paths["int8"] = onnxruntime_int8(paths["fp32"])
     sessions = {fmt: onnxruntime_session(path) for fmt, path in paths.items()}
+    rows = onnxruntime_decode_rows(ours, sessions, prompt, peer, onnxruntime.__version__)
+    return rows + onnxruntime_prefill_rows(ours, sessions, long_prompt, peer), paths
+
+
+def onnxruntime_decode_rows(
+    ours: dict[str, torch.nn.Module | None], sessions: dict, prompt: torch.Tensor, peer: str, version: str
+) -> list[dict]:
+    """Greedy decoding, gptkit against ONNX Runtime's ``sessions`` by format: fp32 (ids checked
+    equal), and gptkit's int8 layout against ONNX Runtime's quantize_dynamic int8."""
     rows = [
         compare(
-            fp32,
+            ONNX_FP32,
             peer,
             lambda: generate(ours["fp32"], prompt, NEW, temperature=0),
             lambda: onnxruntime_greedy(sessions["fp32"], prompt),
@@ -261,19 +275,28 @@ def onnxruntime_rows(
         )[0]
     ]
     if ours["int8"] is None:
-        rows.append(skipped(int8, "tok/s", peer, "a CPU format: gptkit uses int8 on CPUs only"))
+        rows.append(skipped(ONNX_INT8, "tok/s", peer, "a CPU format: gptkit uses int8 on CPUs only"))
     else:  # two int8 schemes: the ids are not expected to agree
         rows.append(
             compare(
-                int8,
-                f"onnxruntime {onnxruntime.__version__} quantize_dynamic (int8 weights, one scale a tensor)"
+                ONNX_INT8,
+                f"onnxruntime {version} quantize_dynamic (int8 weights, one scale a tensor)"
                 + (PEER_UNCAPPED if avx2_only() else ""),
                 lambda: generate(ours["int8"], prompt, NEW, temperature=0),
                 lambda: onnxruntime_greedy(sessions["int8"], prompt),
                 False,
             )[0]
         )
-    for (mine, theirs), what in prefill.items():
+    return rows
+
+
+def onnxruntime_prefill_rows(
+    ours: dict[str, torch.nn.Module | None], sessions: dict, long_prompt: torch.Tensor, peer: str
+) -> list[dict]:
+    """Time to first token of ``long_prompt``, each of ONNX_PREFILL's pairs of formats (ids checked
+    equal in fp32 alone)."""
+    rows = []
+    for (mine, theirs), what in ONNX_PREFILL.items():
         session = sessions[theirs]
         rows.append(
             prefill_row(
@@ -285,7 +308,7 @@ def onnxruntime_rows(
                 mine == theirs == "fp32",
             )
         )
-    return rows, paths
+    return rows
 
 
 def prefill_row(what: str, peer: str, model, peer_fn, long_prompt: torch.Tensor, same_ids: bool) -> dict:
@@ -485,6 +508,24 @@ def llama_cpp_greedy(llm, prompt: torch.Tensor, new: int | None = None) -> torch
 LLAMA_CPP_PAIRS = (("fp32", "f32"), ("bf16", "bf16"), ("int8", "q8_0"))
 
 
+def llama_cpp_whats(mine: str, theirs: str) -> tuple[str, str]:
+    """The decoding row's and the prefill row's names, gptkit's ``mine`` beside llama.cpp's ``theirs``."""
+    pair = f"gptkit {mine} vs llama.cpp {theirs} (gptkit export --quantize {theirs})"
+    return (
+        f"greedy new tok/s, GPT-2 small, {pair}",
+        f"time to first token, GPT-2 small, {PREFILL}-token prompt, {pair}",
+    )
+
+
+def llama_cpp_skipped(peer: str, reason: str) -> tuple[list[dict], dict[str, Path]]:
+    """Every llama.cpp row skipped for ``reason``, and no files."""
+    rows = []
+    for mine, theirs in LLAMA_CPP_PAIRS:
+        decode, prefill = llama_cpp_whats(mine, theirs)
+        rows += [skipped(decode, "tok/s", peer, reason), skipped(prefill, "s", peer, reason)]
+    return rows, {}
+
+
 def llama_cpp_rows(
     model: GPT,
     ours: dict[str, torch.nn.Module | None],
@@ -496,42 +537,27 @@ def llama_cpp_rows(
     q8_0), alternating: greedy decoding (NEW tokens after the PROMPT-token prompt) and time to
     first token of the PREFILL-token prompt. llama.cpp runs in a process of its own per file: a crash
     skips that file's rows. Returns the rows and the GGUF files by type (none when skipped)."""
-
-    def whats(mine: str, theirs: str) -> tuple[str, str]:
-        pair = f"gptkit {mine} vs llama.cpp {theirs} (gptkit export --quantize {theirs})"
-        return (
-            f"greedy new tok/s, GPT-2 small, {pair}",
-            f"time to first token, GPT-2 small, {PREFILL}-token prompt, {pair}",
-        )
-
-    def all_skipped(peer: str, reason: str) -> tuple[list[dict], dict[str, Path]]:
-        rows = []
-        for mine, theirs in LLAMA_CPP_PAIRS:
-            decode, prefill = whats(mine, theirs)
-            rows += [skipped(decode, "tok/s", peer, reason), skipped(prefill, "s", peer, reason)]
-        return rows, {}
-
     if (
         importlib.util.find_spec("llama_cpp") is None
     ):  # found, not imported: its library loads in the peer's process
-        return all_skipped(
+        return llama_cpp_skipped(
             "llama-cpp-python",
             "needs llama-cpp-python, which builds llama.cpp from source: pip install -e '.[llama]'",
         )
     peer = f"llama-cpp-python {importlib.metadata.version('llama-cpp-python')} (CPU)"
     if DEVICE != "cpu":
-        return all_skipped(peer, "measured on the CPU only")
+        return llama_cpp_skipped(peer, "measured on the CPU only")
     peer += PEER_UNCAPPED if avx2_only() else ""
     tokenizer_dir = DATA / "gpt2_bpe"
     if not tokenizer_dir.is_dir():
-        return all_skipped(peer, f"a GGUF file holds its tokenizer: GPT-2's is not at {tokenizer_dir}")
+        return llama_cpp_skipped(peer, f"a GGUF file holds its tokenizer: GPT-2's is not at {tokenizer_dir}")
     from gptkit.export.gguf import export_gguf
     from gptkit.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_pretrained(tokenizer_dir)
     paths, rows = {}, []
     for mine, theirs in LLAMA_CPP_PAIRS:
-        decode, prefill = whats(mine, theirs)
+        decode, prefill = llama_cpp_whats(mine, theirs)
         if ours[mine] is None:
             rows += [
                 skipped(w, u, peer, "this device lacks gptkit's format")
@@ -541,20 +567,34 @@ def llama_cpp_rows(
         paths[theirs] = export_gguf(
             model, tokenizer, Path(directory) / f"gpt2-{theirs}.gguf", quantize=theirs
         )
-        extra_bufts = not (theirs == "q8_0" and has_amx())
-        label = f"{peer}, {theirs}" + ("" if extra_bufts else NO_EXTRA_BUFTS)
-        rows += peer_pair(
-            decode,
-            prefill,
-            label,
-            ours[mine],
-            lambda path=paths[theirs], extra_bufts=extra_bufts: PeerProcess(
-                "llama.cpp", path, extra_bufts=extra_bufts
-            ),
-            prompt,
-            long_prompt,
-        )
+        rows += llama_cpp_pair(decode, prefill, peer, theirs, paths[theirs], ours[mine], prompt, long_prompt)
     return rows, paths
+
+
+def llama_cpp_pair(
+    decode: str,
+    prefill: str,
+    peer: str,
+    theirs: str,
+    path: Path,
+    ours,
+    prompt: torch.Tensor,
+    long_prompt: torch.Tensor,
+) -> list[dict]:
+    """gptkit's ``ours`` against llama.cpp on the GGUF file at ``path`` (type ``theirs``), in a process
+    of its own. On a CPU with AMX a q8_0 file loads with use_extra_bufts off (its AMX product
+    crashes on gptkit's files), and the peer's name says so."""
+    extra_bufts = not (theirs == "q8_0" and has_amx())
+    label = f"{peer}, {theirs}" + ("" if extra_bufts else NO_EXTRA_BUFTS)
+    return peer_pair(
+        decode,
+        prefill,
+        label,
+        ours,
+        lambda: PeerProcess("llama.cpp", path, extra_bufts=extra_bufts),
+        prompt,
+        long_prompt,
+    )
 
 
 def peer_pair(
@@ -769,28 +809,59 @@ def without_native(build):
         return build()
 
 
+def native_products(step) -> Callable[[], None]:
+    """Each block matrix of the native ``step`` through the native product (gptkit.native's public
+    call, as the step holds the matrices) in turn, one row of constant fp32 inputs, the results
+    discarded into one buffer."""
+    matrices = [m for layer in step.layers for m in (layer.qkv, layer.attn_out, layer.fc, layer.mlp_out)]
+    code = native.FORMATS[step.dtype]
+    x = torch.full((max(m.in_ for m in matrices),), 0.5)
+    y = torch.empty(max(m.out for m in matrices))
+
+    def run():
+        for matrix in matrices:
+            step.library.product(matrix, code, x.data_ptr(), 1, y.data_ptr())
+
+    return run
+
+
+def linear_products(model: GPT, row: torch.Tensor, wide: torch.Tensor) -> Callable[[], None]:
+    """Each block Linear of ``model`` called in turn on one row: ``row`` (d_model), or ``wide`` (4 ×
+    d_model) for the MLP's output matrix."""
+    pairs = [
+        (linear, x)
+        for block in model.h
+        for linear, x in (
+            (block.attn.c_attn, row),
+            (block.attn.c_proj, row),
+            (block.mlp.c_fc, row),
+            (block.mlp.c_proj, wide),
+        )
+    ]
+
+    def run():
+        for linear, x in pairs:
+            linear(x)
+
+    return run
+
+
 def products_seconds(model: GPT) -> float:
-    """Median seconds of one token's matrix products alone, one row: the native step's block
-    products in one call, or each block Linear called in turn, then the output layer."""
+    """Median seconds of one token's matrix products alone, one row, then the output layer: for the
+    native step, each of its block matrices through the native product in turn (per-matrix calls,
+    so each includes one start of the thread team, which a step starts once: the products' time is
+    somewhat over, and the time outside them under, what the step itself spends); else each block
+    Linear called in turn."""
     d, dtype = model.config.d_model, model.wte.weight.dtype
     row, wide = torch.randn(1, d, dtype=dtype), torch.randn(1, 4 * d, dtype=dtype)
     if model.native_step is not None:
-
-        def run():
-            model.native_step.products(1)
-            model.output_layer(row)
+        blocks = native_products(model.native_step)
     else:
+        blocks = linear_products(model, row, wide)
 
-        def run():
-            for block in model.h:
-                for linear, x in (
-                    (block.attn.c_attn, row),
-                    (block.attn.c_proj, row),
-                    (block.mlp.c_fc, row),
-                    (block.mlp.c_proj, wide),
-                ):
-                    linear(x)
-            model.output_layer(row)
+    def run():
+        blocks()
+        model.output_layer(row)
 
     run()
     return median([timed(run)[0] for _ in range(9)])
@@ -804,7 +875,6 @@ def native_rows(
     the time a token spends outside its products (token time minus the products' time, both
     measured here); with ``bandwidth`` (a streaming read's bytes/s) also the fraction of it each
     side's tokens/s reach."""
-    rows = []
     if ours_layout is None or ours_layout.native_step is None:
         return [
             skipped("native step", "tok/s", "gptkit PyTorch layouts", "the native kernels are not available")
@@ -812,6 +882,7 @@ def native_rows(
     bf16_layout = (
         "oneDNN-packed" if packs_for_onednn(torch.bfloat16, torch.device("cpu")) else "WideningLinear"
     )
+    # Every PyTorch layout built before any is measured, as the native models were.
     pairs = (
         (
             "fp32",
@@ -827,41 +898,50 @@ def native_rows(
         ),
         ("int8", ours_int8, without_native(lambda: load_int8(tmp)), "FBGEMM"),
     )
+    rows = []
     for fmt, fast, pytorch, layout in pairs:
-        peer = f"gptkit {fmt} in its PyTorch layout ({layout})"
-        what = f"greedy new tok/s, GPT-2 small, {fmt}, gptkit native step"
-        try:
-            ours_tps, peer_tps, ours_out, peer_out = measure(
-                lambda model=fast: generate(model, prompt, NEW, temperature=0),
-                lambda model=pytorch: generate(model, prompt, NEW, temperature=0),
-            )
-        except MeasurementTimeout as e:
-            rows.append(skipped(what, "tok/s", peer, f"the measurement {e}"))
-            continue
-        row = spread_comparison(what, "tok/s", ours_tps, peer, peer_tps)
-        row["same_ids"] = bool(torch.equal(ours_out, peer_out))
-        rows.append(row)
-        if bandwidth is not None:
-            rows.append(
-                spread_comparison(
-                    f"memory-bandwidth fraction (a streaming read's), GPT-2 small, {fmt}, gptkit native step",
-                    "fraction of memory bandwidth",
-                    [weight_bytes(fast) * tps / bandwidth for tps in ours_tps],
-                    peer,
-                    [weight_bytes(pytorch) * tps / bandwidth for tps in peer_tps],
-                )
-            )
-        outside = outside_products_ms([fast, pytorch], prompt)
+        rows += native_format_rows(fmt, fast, pytorch, layout, prompt, bandwidth)
+    return rows
+
+
+def native_format_rows(
+    fmt: str, fast: GPT, pytorch: GPT, layout: str, prompt: torch.Tensor, bandwidth: float | None
+) -> list[dict]:
+    """One format's rows of native_rows: the native step (``fast``) against the PyTorch ``layout``
+    (``pytorch``): tok/s, the bandwidth fractions with ``bandwidth``, the ms outside the products."""
+    peer = f"gptkit {fmt} in its PyTorch layout ({layout})"
+    what = f"greedy new tok/s, GPT-2 small, {fmt}, gptkit native step"
+    try:
+        ours_tps, peer_tps, ours_out, peer_out = measure(
+            lambda: generate(fast, prompt, NEW, temperature=0),
+            lambda: generate(pytorch, prompt, NEW, temperature=0),
+        )
+    except MeasurementTimeout as e:
+        return [skipped(what, "tok/s", peer, f"the measurement {e}")]
+    row = spread_comparison(what, "tok/s", ours_tps, peer, peer_tps)
+    row["same_ids"] = bool(torch.equal(ours_out, peer_out))
+    rows = [row]
+    if bandwidth is not None:
         rows.append(
             spread_comparison(
-                f"ms a token spends outside its matrix products, GPT-2 small, {fmt}, gptkit native step",
-                "ms",
-                outside[0],
+                f"memory-bandwidth fraction (a streaming read's), GPT-2 small, {fmt}, gptkit native step",
+                "fraction of memory bandwidth",
+                [weight_bytes(fast) * tps / bandwidth for tps in ours_tps],
                 peer,
-                outside[1],
-                higher_is_better=False,
+                [weight_bytes(pytorch) * tps / bandwidth for tps in peer_tps],
             )
         )
+    outside = outside_products_ms([fast, pytorch], prompt)
+    rows.append(
+        spread_comparison(
+            f"ms a token spends outside its matrix products, GPT-2 small, {fmt}, gptkit native step",
+            "ms",
+            outside[0],
+            peer,
+            outside[1],
+            higher_is_better=False,
+        )
+    )
     return rows
 
 
@@ -1121,160 +1201,163 @@ def main_native() -> None:
     )
 
 
+GPT2_PEER = "GPT2LMHeadModel (KV cache), fp32"
+GPT1_PEER = "OpenAIGPTLMHeadModel (no cache), fp32"
+
+
+def gpt2_format_rows(
+    tmp: str, ours: GPT, prompt: torch.Tensor, peer
+) -> tuple[list[dict], dict[str, torch.nn.Module | None]]:
+    """(a)'s decoding rows, gptkit's formats against GPT2LMHeadModel (``peer()``): fp32 plain and in
+    the decoding layout, bf16 weights plain and in it, int8 weights. Returns the rows and the models
+    by format, in the rows' order (None where this device lacks the format)."""
+
+    def versus(what: str, model, same_ids: bool) -> dict:
+        row, _ = compare(what, GPT2_PEER, lambda: generate(model, prompt, NEW, temperature=0), peer, same_ids)
+        return row
+
+    def optional(what: str, unavailable: str | None, build, same_ids: bool):
+        """The row of a format this device may lack (skipped, with the reason) and its model."""
+        if unavailable:
+            return skipped(what, "tok/s", GPT2_PEER, unavailable), None
+        model = build()
+        return versus(what, model, same_ids), model
+
+    rows, models = [versus("greedy new tok/s, GPT-2 small, fp32", ours, True)], {"fp32": ours}
+    on_cpu = None if DEVICE == "cpu" else "a CPU format: gptkit uses it on CPUs only"
+    # What `gptkit generate` and load_for_generation run in fp32 on a CPU: the same values, in
+    # the layouts the CPU streams fastest (gptkit.model.layouts.decoding_layout): the native
+    # step where gptkit.native is built, else oneDNN-packed matrices.
+    uses_native = DEVICE == "cpu" and native.available()
+    row, models["fp32 layout"] = optional(
+        "greedy new tok/s, GPT-2 small, fp32, gptkit decoding layout "
+        + ("(native step)" if uses_native else "(oneDNN-packed)"),
+        on_cpu,
+        lambda: decoding_layout(GPT.from_pretrained(tmp)),
+        True,
+    )
+    rows.append(row)
+    models["bf16"] = GPT.from_pretrained(tmp, dtype=torch.bfloat16, device=DEVICE)
+    rows.append(versus("greedy new tok/s, GPT-2 small, gptkit bf16 weights", models["bf16"], False))
+    # What `gptkit generate --dtype bfloat16` runs on a CPU: packed where bf16 is native, else
+    # bf16 rows a step and a prompt widened to fp32 (WideningLinear).
+    packed = packs_for_onednn(torch.bfloat16, torch.device(DEVICE))
+    row, models["bf16 layout"] = optional(
+        "greedy new tok/s, GPT-2 small, gptkit bf16 weights, decoding layout "
+        + ("(native step)" if uses_native else "(oneDNN-packed)" if packed else "(a prompt widened to fp32)"),
+        None if has_decoding_layout(torch.bfloat16, torch.device(DEVICE)) else "a CPU layout",
+        lambda: decoding_layout(GPT.from_pretrained(tmp, dtype=torch.bfloat16)),
+        False,
+    )
+    rows.append(row)
+    # int8 off the CPU: Int8Linear dequantizes the whole matrix, no fused kernel to measure.
+    row, models["int8"] = optional(
+        "greedy new tok/s, GPT-2 small, gptkit int8 weights "
+        + ("(native step, 7-bit activations)" if uses_native else "(8-bit activations while decoding)"),
+        on_cpu,
+        lambda: load_int8(tmp),
+        False,
+    )
+    rows.append(row)
+    return rows, models
+
+
+def other_runtime_rows(
+    tmp: str, ours: GPT, models: dict[str, torch.nn.Module | None], prompt: torch.Tensor
+) -> tuple[list[dict], dict]:
+    """(a)'s rows against the other runtimes: ONNX Runtime and llama.cpp (decoding, time to first
+    token), then every runtime's peak resident memory. Returns the rows and the peaks."""
+    long_prompt = torch.randint(0, 50257, (1, PREFILL)).to(DEVICE)
+    gptkit_formats = {  # what `gptkit generate` runs
+        "fp32": models["fp32 layout"] if models["fp32 layout"] is not None else ours,
+        "bf16": models["bf16 layout"] if models["bf16 layout"] is not None else models["bf16"],
+        "int8": models["int8"],
+    }
+    rows, onnx_files = onnxruntime_rows(ours, gptkit_formats, prompt, long_prompt, tmp)
+    llama_rows, gguf_files = llama_cpp_rows(ours, gptkit_formats, prompt, long_prompt, tmp)
+    peer_files = {f"onnxruntime:{fmt}": path for fmt, path in onnx_files.items()}
+    peer_files |= {f"llama.cpp:{fmt}": path for fmt, path in gguf_files.items()}
+    rss_rows, peak_rss = peak_rss_rows(tmp, peer_files)
+    return rows + llama_rows + rss_rows, peak_rss
+
+
+def gpt2_rows(tmp: str) -> tuple[list[dict], float, dict]:
+    """(a) GPT-2 small, its files in ``tmp``: gptkit's formats against GPT2LMHeadModel, again as
+    fractions of the memory bandwidth, the native step's rows (on a CPU), the other runtimes'.
+    Returns the rows, the bandwidth (bytes/s) and the peak resident memory by runtime."""
+    import transformers
+
+    reference = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval().to(DEVICE)
+    reference.save_pretrained(tmp)
+    ours = GPT.from_pretrained(tmp, device=DEVICE)
+    prompt = torch.randint(0, 50257, (1, PROMPT)).to(DEVICE)
+    mask = torch.ones_like(prompt)
+
+    def peer():
+        return reference.generate(
+            prompt,
+            attention_mask=mask,
+            max_new_tokens=NEW,
+            min_new_tokens=NEW,
+            do_sample=False,
+            pad_token_id=50256,
+        )
+
+    rows, models = gpt2_format_rows(tmp, ours, prompt, peer)
+    bandwidth = memory_bandwidth()
+    peer_bytes = sum(  # the tied output layer once, the position table not (one row a step)
+        p.numel() * p.element_size() for name, p in reference.named_parameters() if "wpe" not in name
+    )
+    rows += bandwidth_rows(rows[-5:], list(models.values()), peer_bytes, bandwidth)
+    if DEVICE == "cpu":
+        rows += native_rows(tmp, prompt, models["fp32 layout"], models["bf16 layout"], models["int8"])
+    runtime_rows, peak_rss = other_runtime_rows(tmp, ours, models, prompt)
+    return rows + runtime_rows, bandwidth, peak_rss
+
+
+def gpt1_rows(tmp: str) -> list[dict]:
+    """(b) GPT-1, its files in ``tmp``: gptkit fp32 against OpenAIGPTLMHeadModel (no cache), and
+    gptkit's bf16 weights against that same fp32 measurement."""
+    import transformers
+
+    reference = transformers.OpenAIGPTLMHeadModel(transformers.OpenAIGPTConfig()).eval().to(DEVICE)
+    reference.save_pretrained(tmp)
+    ours = GPT.from_pretrained(tmp, device=DEVICE)
+    prompt = torch.randint(0, 40478, (1, PROMPT)).to(DEVICE)
+
+    def peer():
+        return reference.generate(
+            prompt, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, pad_token_id=0
+        )
+
+    row, peer_tps = compare(
+        "greedy new tok/s, GPT-1, fp32",
+        GPT1_PEER,
+        lambda: generate(ours, prompt, NEW, temperature=0),
+        peer,
+        True,
+    )
+    ours_bf16 = GPT.from_pretrained(tmp, dtype=torch.bfloat16, device=DEVICE)
+    what = "greedy new tok/s, GPT-1, gptkit bf16 weights"
+    if peer_tps is None:
+        return [row, skipped(what, "tok/s", GPT1_PEER, "the fp32 peer's measurement was skipped")]
+    try:  # against the fp32 peer measured above, which is slow to run again
+        bf16_tps, _, _, _ = measure(lambda: generate(ours_bf16, prompt, NEW, temperature=0), lambda: None)
+        return [row, comparison(what, "tok/s", median(bf16_tps), GPT1_PEER, peer_tps)]
+    except MeasurementTimeout as e:
+        return [row, skipped(what, "tok/s", GPT1_PEER, f"the measurement {e}")]
+
+
 @torch.no_grad()
 def main() -> None:
     import tempfile
 
-    import transformers
-
     torch.manual_seed(0)
-    comparisons = []
+    # Each model's files in a folder of their own, removed (and its models freed) before the next.
     with tempfile.TemporaryDirectory() as tmp:
-        # (a) GPT-2 small
-        reference = transformers.GPT2LMHeadModel(transformers.GPT2Config()).eval().to(DEVICE)
-        reference.save_pretrained(tmp)
-        ours = GPT.from_pretrained(tmp, device=DEVICE)
-        prompt = torch.randint(0, 50257, (1, PROMPT)).to(DEVICE)
-        mask = torch.ones_like(prompt)
-
-        def peer():
-            return reference.generate(
-                prompt,
-                attention_mask=mask,
-                max_new_tokens=NEW,
-                min_new_tokens=NEW,
-                do_sample=False,
-                pad_token_id=50256,
-            )
-
-        name = "GPT2LMHeadModel (KV cache), fp32"
-        row, _ = compare(
-            "greedy new tok/s, GPT-2 small, fp32",
-            name,
-            lambda: generate(ours, prompt, NEW, temperature=0),
-            peer,
-            True,
-        )
-        comparisons.append(row)
-
-        def optional(what: str, unavailable: str | None, build, same_ids: bool):
-            """The row of a format this device may lack (skipped, with the reason) and its model."""
-            if unavailable:
-                return skipped(what, "tok/s", name, unavailable), None
-            model = build()
-            return compare(what, name, lambda: generate(model, prompt, NEW, temperature=0), peer, same_ids)[
-                0
-            ], model
-
-        on_cpu = None if DEVICE == "cpu" else "a CPU format: gptkit uses it on CPUs only"
-        # What `gptkit generate` and load_for_generation run in fp32 on a CPU: the same values, in
-        # the layouts the CPU streams fastest (gptkit.model.layouts.decoding_layout): the native
-        # step where gptkit.native is built, else oneDNN-packed matrices.
-        uses_native = DEVICE == "cpu" and native.available()
-        row, ours_layout = optional(
-            "greedy new tok/s, GPT-2 small, fp32, gptkit decoding layout "
-            + ("(native step)" if uses_native else "(oneDNN-packed)"),
-            on_cpu,
-            lambda: decoding_layout(GPT.from_pretrained(tmp)),
-            True,
-        )
-        comparisons.append(row)
-        ours_bf16 = GPT.from_pretrained(tmp, dtype=torch.bfloat16, device=DEVICE)
-        row, _ = compare(
-            "greedy new tok/s, GPT-2 small, gptkit bf16 weights",
-            name,
-            lambda: generate(ours_bf16, prompt, NEW, temperature=0),
-            peer,
-            False,
-        )
-        comparisons.append(row)
-        # What `gptkit generate --dtype bfloat16` runs on a CPU: packed where bf16 is native, else
-        # bf16 rows a step and a prompt widened to fp32 (WideningLinear).
-        packed = packs_for_onednn(torch.bfloat16, torch.device(DEVICE))
-        row, ours_bf16_layout = optional(
-            "greedy new tok/s, GPT-2 small, gptkit bf16 weights, decoding layout "
-            + (
-                "(native step)"
-                if uses_native
-                else "(oneDNN-packed)"
-                if packed
-                else "(a prompt widened to fp32)"
-            ),
-            None if has_decoding_layout(torch.bfloat16, torch.device(DEVICE)) else "a CPU layout",
-            lambda: decoding_layout(GPT.from_pretrained(tmp, dtype=torch.bfloat16)),
-            False,
-        )
-        comparisons.append(row)
-        # int8 off the CPU: Int8Linear dequantizes the whole matrix, no fused kernel to measure.
-        row, ours_int8 = optional(
-            "greedy new tok/s, GPT-2 small, gptkit int8 weights "
-            + ("(native step, 7-bit activations)" if uses_native else "(8-bit activations while decoding)"),
-            on_cpu,
-            lambda: load_int8(tmp),
-            False,
-        )
-        comparisons.append(row)
-        bandwidth = memory_bandwidth()
-        peer_bytes = sum(  # the tied output layer once, the position table not (one row a step)
-            p.numel() * p.element_size() for name, p in reference.named_parameters() if "wpe" not in name
-        )
-        comparisons += bandwidth_rows(
-            comparisons[-5:],
-            [ours, ours_layout, ours_bf16, ours_bf16_layout, ours_int8],
-            peer_bytes,
-            bandwidth,
-        )
-        if DEVICE == "cpu":
-            comparisons += native_rows(tmp, prompt, ours_layout, ours_bf16_layout, ours_int8)
-        long_prompt = torch.randint(0, 50257, (1, PREFILL)).to(DEVICE)
-        gptkit_formats = {
-            "fp32": ours_layout if ours_layout is not None else ours,  # what `gptkit generate` runs
-            "bf16": ours_bf16_layout if ours_bf16_layout is not None else ours_bf16,
-            "int8": ours_int8,
-        }
-        rows, onnx_files = onnxruntime_rows(ours, gptkit_formats, prompt, long_prompt, tmp)
-        comparisons += rows
-        rows, gguf_files = llama_cpp_rows(ours, gptkit_formats, prompt, long_prompt, tmp)
-        comparisons += rows
-        peer_files = {f"onnxruntime:{fmt}": path for fmt, path in onnx_files.items()}
-        peer_files |= {f"llama.cpp:{fmt}": path for fmt, path in gguf_files.items()}
-        rows, peak_rss = peak_rss_rows(tmp, peer_files)
-        comparisons += rows
-        del reference, ours, ours_bf16
-
+        comparisons, bandwidth, peak_rss = gpt2_rows(tmp)
     with tempfile.TemporaryDirectory() as tmp:
-        # (b) GPT-1
-        reference = transformers.OpenAIGPTLMHeadModel(transformers.OpenAIGPTConfig()).eval().to(DEVICE)
-        reference.save_pretrained(tmp)
-        ours = GPT.from_pretrained(tmp, device=DEVICE)
-        prompt = torch.randint(0, 40478, (1, PROMPT)).to(DEVICE)
-
-        def peer():
-            return reference.generate(
-                prompt, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, pad_token_id=0
-            )
-
-        name = "OpenAIGPTLMHeadModel (no cache), fp32"
-        row, peer_tps = compare(
-            "greedy new tok/s, GPT-1, fp32",
-            name,
-            lambda: generate(ours, prompt, NEW, temperature=0),
-            peer,
-            True,
-        )
-        comparisons.append(row)
-        ours_bf16 = GPT.from_pretrained(tmp, dtype=torch.bfloat16, device=DEVICE)
-        what = "greedy new tok/s, GPT-1, gptkit bf16 weights"
-        if peer_tps is None:
-            comparisons.append(skipped(what, "tok/s", name, "the fp32 peer's measurement was skipped"))
-        else:  # against the fp32 peer measured above, which is slow to run again
-            try:
-                bf16_tps, _, _, _ = measure(
-                    lambda: generate(ours_bf16, prompt, NEW, temperature=0), lambda: None
-                )
-                comparisons.append(comparison(what, "tok/s", median(bf16_tps), name, peer_tps))
-            except MeasurementTimeout as e:
-                comparisons.append(skipped(what, "tok/s", name, f"the measurement {e}"))
+        comparisons += gpt1_rows(tmp)
     emit(
         record_name(),
         comparisons,

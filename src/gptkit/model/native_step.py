@@ -25,7 +25,7 @@ from gptkit.model.linears import (
 )
 from gptkit.model.network import ACTIVATIONS, GPT, KVCache
 
-# decode_step.cpp's codes for ACTIVATIONS.
+# The native step's codes for ACTIVATIONS (Step.activation in interface.h).
 NATIVE_ACTIVATIONS = {"gelu_tanh": 0, "gelu": 1, "relu": 2}
 
 
@@ -223,11 +223,6 @@ class NativeStep:
         self.library.decode_step(step)
         self.calls += 1
         return x
-
-    def products(self, rows: int = 1) -> None:
-        """The step's block products alone, for ``rows`` rows (their results discarded): how long a
-        step spends streaming its matrices, measured apart from what it spends around them."""
-        self.library.step_products(native.Step(**self.sizes, rows=rows))
 
 
 def native_layout(model: GPT) -> GPT:

@@ -1,5 +1,5 @@
-"""gptkit's native decoding kernels (``decode_step.cpp``), built on this machine on first use, and
-used only where they win.
+"""gptkit's native decoding kernels (``decode_step.cpp`` and the headers beside it), built on this
+machine on first use, and used only where they win.
 
 A decoding step reads every weight once for a few rows of activations; run as PyTorch operators, the
 small work between the products (LayerNorms, attention over the cache, GELU, residual adds, ~20
@@ -17,7 +17,7 @@ says why. Any failure to build or load does the same.
 **Threads.** Every call runs on ``torch.get_num_threads()`` threads, passed in (a thread PyTorch
 never set up, such as a server's engine thread, would otherwise read OpenMP's default), one team at
 a time in a process (:data:`TEAM`); the barrier between a step's phases spins for a bounded time,
-then sleeps (decode_step.cpp).
+then sleeps (team.h).
 
 ``GPTKIT_NATIVE=0`` turns the kernels off (the PyTorch layouts, for comparison). ``python -m
 gptkit.native`` builds them ahead of use (``make setup`` does) and prints the report.
@@ -55,7 +55,7 @@ from gptkit.native.library import (  # noqa: F401 (the package's names)
 
 
 class Matrix(ctypes.Structure):
-    """decode_step.cpp's ``Matrix``: one weight matrix (out, in)."""
+    """interface.h's ``Matrix``: one weight matrix (out, in)."""
 
     _fields_ = [
         ("weight", ctypes.c_void_p),
@@ -68,7 +68,7 @@ class Matrix(ctypes.Structure):
 
 
 class Layer(ctypes.Structure):
-    """decode_step.cpp's ``Layer``: a block's LayerNorms and four matrices."""
+    """interface.h's ``Layer``: a block's LayerNorms and four matrices."""
 
     _fields_ = [
         ("ln1_weight", ctypes.c_void_p),
@@ -83,7 +83,7 @@ class Layer(ctypes.Structure):
 
 
 class Step(ctypes.Structure):
-    """decode_step.cpp's ``Step``: one decoding step's sizes, weights, cache and activations."""
+    """interface.h's ``Step``: one decoding step's sizes, weights, cache and activations."""
 
     _fields_ = [
         ("n_layer", ctypes.c_int32),
@@ -108,7 +108,7 @@ class Step(ctypes.Structure):
 
 
 STRUCTS = (Matrix, Layer, Step)  # in the order of gptkit_struct_sizes' argument
-# decode_step.cpp's Format of a matrix, by the dtype it is stored in.
+# interface.h's Format of a matrix, by the dtype it is stored in.
 FORMATS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
 
 # One team of native threads at a time in this process: two threads calling the kernels at once (a
@@ -153,8 +153,6 @@ class Kernels:
             ctypes.c_int32,
         ]
         lib.gptkit_product.restype = None
-        lib.gptkit_step_products.argtypes = [ctypes.POINTER(Step), ctypes.c_int32]
-        lib.gptkit_step_products.restype = None
         lib.gptkit_last_team_size.restype = ctypes.c_int32
 
     def decode_step(self, step: Step) -> None:
@@ -165,10 +163,6 @@ class Kernels:
         """y = x·Wᵀ + b, x (rows, in) and y (rows, out) fp32 at the addresses ``x`` and ``y``."""
         with TEAM:
             self.lib.gptkit_product(ctypes.byref(matrix), format, x, rows, y, torch.get_num_threads())
-
-    def step_products(self, step: Step) -> None:
-        with TEAM:
-            self.lib.gptkit_step_products(ctypes.byref(step), torch.get_num_threads())
 
     def last_team_size(self) -> int:
         """The threads of the last team the library ran."""

@@ -3,18 +3,18 @@
 **What is built.** One flag set: ``-march=native -fopenmp`` (``$GPTKIT_NATIVE_MARCH``, any
 ``-march`` value, for another CPU; ``generic`` for none, the compiler's default target), with the
 C++ compiler of ``$CXX`` (``g++`` by default). The library carries a build line: its interface
-version, the source's hash, the flags, the vector code compiled in, OpenMP's version. There is no
+version, its sources' hash, the flags, the vector code compiled in, OpenMP's version. There is no
 fallback build: nothing slower is ever used, or cached, in the full build's place.
 
-**The cache.** ``$GPTKIT_NATIVE_CACHE`` (default ``~/.cache/gptkit/native``), one file per source,
-flags, compiler and CPU (all in the file's name), beside a record of its size and sha256. The
-folder must belong to the user and not be writable by the group or others; else the library is
-built in a private temporary folder for the process, and one warning says so. A cached library is
-loaded only after its size and hash match the record and the build line inside it matches the
-source, interface and flags asked for; otherwise it is built again (an empty or truncated file, a
-library from another version). Builds are written atomically, one process at a time (a lock file).
-A build that fails for a transient reason (a timeout, the compiler killed or out of memory) leaves
-nothing behind and is tried again by the next process.
+**The cache.** ``$GPTKIT_NATIVE_CACHE`` (default ``~/.cache/gptkit/native``), one file per source
+(decode_step.cpp and the headers beside it), flags, compiler and CPU (all in the file's name),
+beside a record of its size and sha256. The folder must belong to the user and not be writable by
+the group or others; else the library is built in a private temporary folder for the process, and
+one warning says so. A cached library is loaded only after its size and hash match the record and
+the build line inside it matches the source, interface and flags asked for; otherwise it is built
+again (an empty or truncated file, a library from another version). Builds are written atomically,
+one process at a time (a lock file). A build that fails for a transient reason (a timeout, the
+compiler killed or out of memory) leaves nothing behind and is tried again by the next process.
 """
 
 from __future__ import annotations
@@ -43,16 +43,17 @@ try:
 except ImportError:  # Windows: no build lock
     fcntl = None
 
+# The one translation unit compiled; it includes the headers beside it (interface.h, vectors.h, ...).
 SOURCE = Path(__file__).with_name("decode_step.cpp")
-# decode_step.cpp's GPTKIT_ABI: the interface (the structs and functions) this module calls.
-ABI = 2
+# interface.h's GPTKIT_ABI: the interface (the structs and functions) this module calls.
+ABI = 3
 # The CPU the kernels are compiled for: this one by default; `GPTKIT_NATIVE_MARCH=haswell` (any
 # -march value) builds for another, such as AVX2 alone on an AVX-512 machine; `generic` passes no
 # -march (the compiler's default target: on x86-64, no AVX2, so a build gptkit does not decode with).
 MARCH = "GPTKIT_NATIVE_MARCH"
 COMMON_FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno")
 BUILD_TIMEOUT_S = 300
-# The vector code gptkit decodes with (decode_step.cpp's isa=, int8=): anything else is plain loops.
+# The vector code gptkit decodes with (the build line's isa=, int8=): anything else is plain loops.
 VECTOR_ISAS = {"avx2", "avx512"}
 VECTOR_INT8_ISAS = {"avx2", "avx-vnni", "avx512bw", "avx512-vnni"}
 # What a compiler says when the machine, not the source, made it fail: tried again next time.
@@ -89,7 +90,7 @@ class BuildInfo:
     """What a library was built with: decode_step.cpp's build line, parsed."""
 
     abi: int
-    source: str  # the first 16 hex digits of decode_step.cpp's sha256
+    source: str  # source_hash(): the first 16 hex digits of the sources' sha256
     isa: str  # fp32/bf16 vector code: avx512, avx2 or generic
     int8: str  # int8 vector code: avx512-vnni, avx512bw, avx-vnni, avx2 or generic
     openmp: int  # OpenMP's version (_OPENMP), 0 without
@@ -124,8 +125,21 @@ class BuildInfo:
         return None
 
 
+def sources() -> list[Path]:
+    """Every file compiled into the library: SOURCE and the headers it includes, which lie beside it
+    (every C++ file there, so that a header added later is covered without being listed)."""
+    folder = SOURCE.parent
+    return sorted(path for pattern in ("*.cpp", "*.h") for path in folder.glob(pattern))
+
+
+def source_bytes() -> bytes:
+    """The sources' names and contents as one string of bytes: a change to any of them (a header
+    among them) is a change of the source, and builds the library again."""
+    return b"\0".join(part for path in sources() for part in (path.name.encode(), path.read_bytes()))
+
+
 def source_hash() -> str:
-    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    return hashlib.sha256(source_bytes()).hexdigest()[:16]
 
 
 # The cache folder ------------------------------------------------------------------------------
@@ -222,12 +236,12 @@ def _compiler_version(compiler: str) -> str:
 
 
 def library_name(compiler: str, build_flags: tuple[str, ...]) -> str:
-    """The cached library's file name: a key of the source, the interface, the flags, the compiler and
+    """The cached library's file name: a key of the sources, the interface, the flags, the compiler and
     the CPU (a build with other flags never takes another's name)."""
     key = hashlib.sha256(
         b"\0".join(
             [
-                SOURCE.read_bytes(),
+                source_bytes(),
                 str(ABI).encode(),
                 " ".join(build_flags).encode(),
                 _compiler_version(compiler).encode(),
@@ -256,7 +270,7 @@ def read_build_line(path: Path) -> BuildInfo:
 def check_cached(path: Path, build_flags: tuple[str, ...]) -> str | None:
     """Why the cached library at ``path`` must be built again; None: it is whole, this user's, and
     the build asked for (its size and sha256 those recorded beside it at its build, its build line
-    this source's, interface's and flags')."""
+    these sources', interface's and flags')."""
     reason = untrusted(path, directory=False)
     if reason:
         return reason
@@ -315,10 +329,11 @@ def build(compiler: str | None = None) -> Path:
 
 
 def compile_library(target: Path, build_flags: tuple[str, ...] = (), compiler: str | None = None) -> Path:
-    """Compile decode_step.cpp with ``build_flags`` (beside COMMON_FLAGS, with the source's hash and
-    the flags in its build line) into ``target``, and record its size and sha256 beside it; BuildError
-    with the compiler's last line if it fails. Written atomically (gptkit.io): a crash or a concurrent
-    build never leaves a partial library under the target's name."""
+    """Compile SOURCE with ``build_flags`` (beside COMMON_FLAGS, with the sources' hash and the flags
+    in its build line) into ``target``, and record its size and sha256 beside it; BuildError with the
+    compiler's last line if it fails. Its headers are found beside it (a quoted #include looks in the
+    including file's folder first, wherever the compiler runs). Written atomically (gptkit.io): a
+    crash or a concurrent build never leaves a partial library under the target's name."""
     compiler = compiler or _compiler() or "g++"
     defines = (f'-DGPTKIT_SOURCE_HASH="{source_hash()}"', f'-DGPTKIT_FLAGS="{" ".join(build_flags)}"')
 

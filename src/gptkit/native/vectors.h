@@ -1,0 +1,152 @@
+// Dot products: the inner loops every product and attention spend their time in, on the widest
+// vectors the compiler targets (AVX-512 or AVX2 intrinsics; plain loops otherwise). Part of
+// decode_step.cpp's one translation unit.
+
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+// A vector of fp32 lanes from a matrix row: fp32 as stored, bf16 widened (its 16 bits are fp32's
+// high half), so that one dot product serves both and only the weights' rounding differs.
+#if defined(__AVX512F__)
+typedef __m512 fvec;
+constexpr int FVEC_LANES = 16;
+inline fvec lanes(const float* w) { return _mm512_loadu_ps(w); }
+inline fvec lanes(const uint16_t* w) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)w)), 16));
+}
+inline fvec fvec_zero() { return _mm512_setzero_ps(); }
+inline fvec fvec_fma(fvec a, fvec b, fvec c) { return _mm512_fmadd_ps(a, b, c); }
+inline fvec fvec_add(fvec a, fvec b) { return _mm512_add_ps(a, b); }
+inline float fvec_sum(fvec v) { return _mm512_reduce_add_ps(v); }
+#define GPTKIT_FLOAT_VECTORS 1
+#elif defined(__AVX2__) && defined(__FMA__)
+typedef __m256 fvec;
+constexpr int FVEC_LANES = 8;
+inline fvec lanes(const float* w) { return _mm256_loadu_ps(w); }
+inline fvec lanes(const uint16_t* w) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)w)), 16));
+}
+inline fvec fvec_zero() { return _mm256_setzero_ps(); }
+inline fvec fvec_fma(fvec a, fvec b, fvec c) { return _mm256_fmadd_ps(a, b, c); }
+inline fvec fvec_add(fvec a, fvec b) { return _mm256_add_ps(a, b); }
+inline float fvec_sum(fvec v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+#define GPTKIT_FLOAT_VECTORS 1
+#endif
+
+inline float widen(float w) { return w; }
+inline float widen(uint16_t w) {
+    const uint32_t bits = uint32_t(w) << 16;
+    float value;
+    std::memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+// Σ w[k]·x[k] in fp32, w fp32 or bf16.
+template <typename Weight>
+inline float dot(const Weight* w, const float* x, int n) {
+    int k = 0;
+    float sum = 0.0f;
+#ifdef GPTKIT_FLOAT_VECTORS
+    constexpr int L = FVEC_LANES;
+    fvec a0 = fvec_zero(), a1 = fvec_zero(), a2 = fvec_zero(), a3 = fvec_zero();
+    for (; k + 4 * L <= n; k += 4 * L) {  // four accumulators hide the FMA latency
+        a0 = fvec_fma(lanes(w + k), lanes(x + k), a0);
+        a1 = fvec_fma(lanes(w + k + L), lanes(x + k + L), a1);
+        a2 = fvec_fma(lanes(w + k + 2 * L), lanes(x + k + 2 * L), a2);
+        a3 = fvec_fma(lanes(w + k + 3 * L), lanes(x + k + 3 * L), a3);
+    }
+    for (; k + L <= n; k += L) a0 = fvec_fma(lanes(w + k), lanes(x + k), a0);
+    sum = fvec_sum(fvec_add(fvec_add(a0, a1), fvec_add(a2, a3)));
+#endif
+    for (; k < n; ++k) sum += widen(w[k]) * x[k];
+    return sum;
+}
+
+// Integer products of unsigned 7-bit activations and signed 8-bit weights, exact in int32: the
+// vector of int32 sums and the one instruction (VNNI) or three (AVX2, AVX-512 without VNNI) that
+// adds 4 products of bytes to each lane. u8·s8 pairs summed to int16 stay within 2·127·127: no
+// saturation with 7-bit activations.
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+typedef __m512i ivec;
+constexpr int IVEC_BYTES = 64;
+inline ivec ivec_load(const void* p) { return _mm512_loadu_si512(p); }
+inline ivec ivec_zero() { return _mm512_setzero_si512(); }
+inline ivec ivec_dot(ivec acc, ivec x, ivec w) { return _mm512_dpbusd_epi32(acc, x, w); }
+inline int32_t ivec_sum(ivec v) { return _mm512_reduce_add_epi32(v); }
+#define GPTKIT_INT_VECTORS 1
+#elif defined(__AVX512BW__)
+typedef __m512i ivec;
+constexpr int IVEC_BYTES = 64;
+inline ivec ivec_load(const void* p) { return _mm512_loadu_si512(p); }
+inline ivec ivec_zero() { return _mm512_setzero_si512(); }
+inline ivec ivec_dot(ivec acc, ivec x, ivec w) {
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(x, w), _mm512_set1_epi16(1)));
+}
+inline int32_t ivec_sum(ivec v) { return _mm512_reduce_add_epi32(v); }
+#define GPTKIT_INT_VECTORS 1
+#elif defined(__AVX2__)
+typedef __m256i ivec;
+constexpr int IVEC_BYTES = 32;
+inline ivec ivec_load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline ivec ivec_zero() { return _mm256_setzero_si256(); }
+#if defined(__AVXVNNI__)
+inline ivec ivec_dot(ivec acc, ivec x, ivec w) { return _mm256_dpbusd_avx_epi32(acc, x, w); }
+#else
+inline ivec ivec_dot(ivec acc, ivec x, ivec w) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(x, w), _mm256_set1_epi16(1)));
+}
+#endif
+inline int32_t ivec_sum(ivec v) {
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    return _mm_cvtsi128_si32(h);
+}
+#define GPTKIT_INT_VECTORS 1
+#endif
+
+// Σ x·w of `W` weight rows against `X` activation rows at once, sums[i·X + j] for weight row i and
+// activation row j: each piece of weights and activations loaded once for all its products (two
+// weight rows as two streams while decoding; 2 × 4 for a prompt's many rows). Exact in int32.
+template <int W, int X>
+inline void dot_u8s8(const int8_t* const* w, const uint8_t* const* x, int n, int32_t* sums) {
+    int k = 0;
+    for (int i = 0; i < W * X; ++i) sums[i] = 0;
+#ifdef GPTKIT_INT_VECTORS
+    ivec a[W * X];
+    for (int i = 0; i < W * X; ++i) a[i] = ivec_zero();
+    for (; k + IVEC_BYTES <= n; k += IVEC_BYTES) {
+        ivec xk[X];
+        for (int j = 0; j < X; ++j) xk[j] = ivec_load(x[j] + k);
+        for (int i = 0; i < W; ++i) {
+            const ivec wk = ivec_load(w[i] + k);
+            for (int j = 0; j < X; ++j) a[i * X + j] = ivec_dot(a[i * X + j], xk[j], wk);
+        }
+    }
+    for (int i = 0; i < W * X; ++i) sums[i] = ivec_sum(a[i]);
+#endif
+    for (; k < n; ++k)
+        for (int i = 0; i < W; ++i)
+            for (int j = 0; j < X; ++j) sums[i * X + j] += int32_t(x[j][k]) * int32_t(w[i][k]);
+}
+
+// One weight row against one activation row.
+inline int32_t dot_u8s8(const int8_t* w, const uint8_t* x, int n) {
+    int32_t sum;
+    dot_u8s8<1, 1>(&w, &x, n, &sum);
+    return sum;
+}
+
+}  // namespace
