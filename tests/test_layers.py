@@ -139,3 +139,30 @@ def test_every_module_and_function_of_the_package_reads_in_one_sitting():
                 if lines > MAX_FUNCTION_LINES:
                     too_long.append(f"{module_name(path)}.{node.name}: {lines} lines")
     assert not too_long, "\n".join(too_long)
+
+
+REPO = SRC.parents[1]
+TOOLS = ("benchmarks", "scripts", "tests")
+
+
+def test_every_function_of_the_tools_and_tests_reads_in_one_sitting():
+    too_long = []
+    for path in sorted(p for folder in TOOLS for p in (REPO / folder).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    too_long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {lines} lines")
+    assert not too_long, "\n".join(too_long)
+
+
+def test_the_package_benchmarks_and_scripts_stand_without_the_tests():
+    """What they share with the tests is gptkit.testing: none imports a test module or edits sys.path."""
+    leaning = []
+    for path in sorted(
+        p for folder in (SRC, REPO / "benchmarks", REPO / "scripts") for p in folder.rglob("*.py")
+    ):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if "sys.path" in line or line.lstrip().startswith(("from tests", "import tests")):
+                leaning.append(f"{path.relative_to(REPO)}:{number}: {line.strip()}")
+    assert not leaning, "\n".join(leaning)
