@@ -39,9 +39,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m gptkit.native
 	touch $(STAMP) $(DEMO_STAMP)
 
-# The demo's set-up: nothing to do where the dev environment is installed and up to date.
+# The demo's set-up: nothing to do where the dev environment is installed and up to date (as make
+# judges it: no file it depends on newer; files stamped in one clock tick have equal times, where
+# `$(STAMP) -nt pyproject.toml` is false).
 $(DEMO_STAMP): pyproject.toml constraints.txt
-	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ] && [ $(STAMP) -nt constraints.txt ]; then \
+	@if [ -f $(STAMP) ] && ! [ pyproject.toml -nt $(STAMP) ] && ! [ constraints.txt -nt $(STAMP) ]; then \
 		touch $(DEMO_STAMP); \
 	else \
 		set -e; python3 -m venv $(VENV); \
