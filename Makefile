@@ -17,8 +17,9 @@ DEMO_EXTRAS := gpt1,plot
 # data/, which `make demo` fills from the datasets' public sources (gptkit data fetch).
 DATA    ?= $(if $(wildcard ../shared/data),$(abspath ../shared/data),$(abspath data))
 RUNS    ?= runs
-# `make test-fast`'s processes: one a core on the 2-core machines the suite is sized for.
-FAST_WORKERS ?= 2
+# The test processes (pytest-xdist, a test file each at a time): one a core on the 2-core machines
+# the suite is sized for; `make test WORKERS=0` runs it in this one process.
+WORKERS ?= 2
 # The whole demo's wall-clock budget, counted from when make started: the set-up counts, and
 # pre-training and fine-tuning share what it leaves (a slower CPU gets fewer updates, not more time).
 # `make demo DEMO_BUDGET=30m` trains both longer; DEMO_SEEDS=3 fine-tunes each side three times at
@@ -57,13 +58,12 @@ $(DEMO_STAMP): pyproject.toml constraints.txt
 setup: $(STAMP)
 
 test: $(STAMP)
-	GPTKIT_DATA=$(DATA) $(PYTHON) -m pytest
+	GPTKIT_DATA=$(DATA) $(PYTHON) -m pytest -n $(WORKERS) --dist loadfile
 
-# The suite less its slowest tests (marked slow: a demo, training processes, servers), in one
-# process a core: about 75 s on 2 cores, for the edit-test loop; `make test` before a commit still
-# runs them all, in one process.
+# The suite less its slowest tests (marked slow: a demo, training processes, servers): about 75 s
+# on 2 cores, for the edit-test loop; `make test` before a commit still runs them all.
 test-fast: $(STAMP)
-	GPTKIT_DATA=$(DATA) $(PYTHON) -m pytest -m "not slow" -n $(FAST_WORKERS) --dist loadfile
+	GPTKIT_DATA=$(DATA) $(PYTHON) -m pytest -m "not slow" -n $(WORKERS) --dist loadfile
 
 demo: $(DEMO_STAMP)
 	@test -d "$(DATA)/gutenberg" -a -d "$(DATA)/story_cloze_2016" || $(PYTHON) -m gptkit data fetch --demo --out "$(DATA)"
