@@ -810,9 +810,9 @@ def without_native(build):
 
 
 def native_products(step) -> Callable[[], None]:
-    """Each block matrix of the native ``step`` through the native product (gptkit.native's public
-    call, as the step holds the matrices) in turn, one row of constant fp32 inputs, the results
-    discarded into one buffer."""
+    """Each block matrix of the native ``step`` through the library's product call (the one
+    ``gptkit.native.product`` makes, on the matrices as the step holds them) in turn, one row of
+    constant fp32 inputs, the results discarded into one buffer."""
     matrices = [m for layer in step.layers for m in (layer.qkv, layer.attn_out, layer.fc, layer.mlp_out)]
     code = native.FORMATS[step.dtype]
     x = torch.full((max(m.in_ for m in matrices),), 0.5)
@@ -1308,7 +1308,8 @@ def gpt2_rows(tmp: str) -> tuple[list[dict], float, dict]:
     peer_bytes = sum(  # the tied output layer once, the position table not (one row a step)
         p.numel() * p.element_size() for name, p in reference.named_parameters() if "wpe" not in name
     )
-    rows += bandwidth_rows(rows[-5:], list(models.values()), peer_bytes, bandwidth)
+    # gpt2_format_rows gives one row a model, in the models' order.
+    rows += bandwidth_rows(rows, list(models.values()), peer_bytes, bandwidth)
     if DEVICE == "cpu":
         rows += native_rows(tmp, prompt, models["fp32 layout"], models["bf16 layout"], models["int8"])
     runtime_rows, peak_rss = other_runtime_rows(tmp, ours, models, prompt)

@@ -231,7 +231,7 @@ def step_workloads(root: Path, adapters: dict[str, Path], sentences: list[str]) 
 
 
 def measured_runs(
-    servers: dict, pipelines: dict, sentences: list[str], names: list[str], steps: tuple
+    servers: dict, pipelines: dict, sentences: list[str], names: list[str], steps: dict, warm_ups: list
 ) -> dict:
     """Every measurement once to warm up, then REPEATS rounds of all of them in turn: each one's
     results by name (requests/s or batches/s)."""
@@ -244,12 +244,11 @@ def measured_runs(
         "mixed": partial(load, server, names, sentences),
         "single_adapter": partial(load, server, names[:1], sentences),
     }
-    step_workloads, warm_ups = steps
     for warm_up in [*workloads.values(), *warm_ups]:
         warm_up()
     runs: dict[str, list[float]] = defaultdict(list)
     for _ in range(REPEATS):
-        for name, run in {**workloads, **step_workloads}.items():
+        for name, run in {**workloads, **steps}.items():
             runs[name].append(run())
     return runs
 
@@ -316,7 +315,7 @@ def main() -> None:
         tokenizer = Tokenizer.from_pretrained(DATA / "gpt2_bpe")
         tokenizer.save_pretrained(root / "tokenizer")
         adapters, pipelines = write_models(root, tokenizer)
-        steps = step_workloads(root, adapters, sentences)
+        steps, warm_ups = step_workloads(root, adapters, sentences)
         servers = {
             "float32": ClassifyServer({"sst2": root / "sst2", **adapters}, root / "server.log", "float32"),
             "auto": ClassifyServer({"sst2": root / "sst2"}, root / "server-auto.log", "auto"),
@@ -324,7 +323,7 @@ def main() -> None:
         try:
             for server in servers.values():
                 server.wait_ready(timeout=600)
-            runs = measured_runs(servers, pipelines, sentences, list(adapters), steps)
+            runs = measured_runs(servers, pipelines, sentences, list(adapters), steps, warm_ups)
             log = servers["auto"].log.read_text().splitlines()
             auto_dtype = next(line for line in log if "dtype" in line)
         finally:

@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from common import (
 
 from gptkit import GPT, GPTConfig
 from gptkit.generation import generate
+from gptkit.testing.processes import free_port
 from gptkit.tokenizer import Tokenizer
 
 CLIENTS, REQUESTS_PER_CLIENT, NEW_TOKENS = 16, 2, 32
@@ -69,12 +69,6 @@ def build_model(directory: Path) -> None:
     torch.manual_seed(0)
     GPT(GPTConfig.from_preset("gpt2")).save_pretrained(directory)
     Tokenizer.from_pretrained(DATA / "gpt2_bpe").save_pretrained(directory)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

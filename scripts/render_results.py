@@ -127,7 +127,9 @@ METHODS = {
         where the native kernels are not used), the two alternating, medians of {repeats} rounds with
         each side's least and most in brackets; "on par" where those overlap. The bandwidth fraction
         divides the bytes a step reads × tokens/s by a streaming read's bandwidth in the same run
-        ({memory_bandwidth_gb_s} GB/s). torch.compile's trial times the decoding steps alone after
+        ({memory_bandwidth_gb_s} GB/s). The ms outside the products are a token's time less its
+        products' time alone; the native side's products are timed a matrix a call, each call starting
+        its thread team, which if anything understates its time outside them. torch.compile's trial times the decoding steps alone after
         the prompt (Inductor, freezing, a static KV cache; compiled in {torch_compile[compile_s]} s),
         the three alternating. The contention rows run with a CPU-bound process busy on every core
         ({new_tokens} new tokens for the d_model-64 model, a quarter of that for GPT-2 small), at the

@@ -195,6 +195,8 @@ def test_an_example_holds_one_sequence_per_answer_and_two_for_similarity():
 def test_multiple_choice_on_your_own_data_needs_its_answers_per_question(capsys):
     with pytest.raises(ValueError, match="--choices"):
         finetune_activations(2, task="multiple_choice")
+    with pytest.raises(ValueError, match="--choices: applies to multiple-choice tasks"):
+        finetune_activations(2, 4, task="classification")
     argv = ["estimate", "finetune", "--preset", "tiny", "--n-head", "4", "--task", "multiple_choice"]
     assert main([*argv, "--choices", "1", "--json"]) != 0
     assert "--choices" in capsys.readouterr().err

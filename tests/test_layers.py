@@ -127,17 +127,23 @@ def test_no_import_circle():
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 500, 60
 
 
+def long_functions(text: str, where: str) -> list[str]:
+    """``where`` and each function of ``text`` longer than MAX_FUNCTION_LINES, with its length."""
+    return [
+        f"{where}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines"
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+
+
 def test_every_module_and_function_of_the_package_reads_in_one_sitting():
     too_long = []
     for path in sorted(SRC.rglob("*.py")):
         text = path.read_text(encoding="utf-8")
         if len(text.splitlines()) > MAX_MODULE_LINES:
             too_long.append(f"{module_name(path)}: {len(text.splitlines())} lines")
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                lines = node.end_lineno - node.lineno + 1
-                if lines > MAX_FUNCTION_LINES:
-                    too_long.append(f"{module_name(path)}.{node.name}: {lines} lines")
+        too_long += long_functions(text, module_name(path))
     assert not too_long, "\n".join(too_long)
 
 
@@ -148,11 +154,7 @@ TOOLS = ("benchmarks", "scripts", "tests")
 def test_every_function_of_the_tools_and_tests_reads_in_one_sitting():
     too_long = []
     for path in sorted(p for folder in TOOLS for p in (REPO / folder).rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                lines = node.end_lineno - node.lineno + 1
-                if lines > MAX_FUNCTION_LINES:
-                    too_long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {lines} lines")
+        too_long += long_functions(path.read_text(encoding="utf-8"), str(path.relative_to(REPO)))
     assert not too_long, "\n".join(too_long)
 
 

@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,8 @@ httpx = pytest.importorskip("httpx")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from gptkit.testing.processes import free_port  # noqa: E402
+
 pytestmark = pytest.mark.slow  # servers in subprocesses
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,18 +40,12 @@ MAIN_MAX_TOKENS = 1000  # the main server's --max-tokens-limit
 BODY_LIMIT = 50_000
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     """`gptkit serve` in a subprocess; its output goes to a log file (read when a test fails)."""
 
     def __init__(self, model_dir: Path | dict[str, Path], log: Path, *flags: str):
         """One model (named MODEL), or several as {name: directory}."""
-        self.port = _free_port()
+        self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = log
         env = {**os.environ, "OMP_NUM_THREADS": "1"}  # two cores shared: one thread decodes fastest

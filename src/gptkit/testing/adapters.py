@@ -9,9 +9,10 @@ import torch
 
 from gptkit import GPT
 from gptkit.data.tasks import TaskSpec, special_token_ids
-from gptkit.model.lora import LORA_TARGETS, LoRASettings, add_lora
+from gptkit.model.lora import LORA_TARGETS, LoRASettings
 from gptkit.model.task import TaskModel, lora_task_info, save_task_model
 from gptkit.tokenizer import Tokenizer
+from gptkit.train.finetune import ready_for_task
 
 
 def write_adapter_run(
@@ -27,11 +28,8 @@ def write_adapter_run(
     matrices, rows and head."""
     tokenizer = Tokenizer.from_pretrained(base_dir)
     specials = special_token_ids(tokenizer)
-    gpt = GPT.from_pretrained(base_dir)
-    gpt.add_special_tokens(max(specials.values()) + 1 - gpt.config.total_vocab_size)
-    first_row = min(specials.values())
     settings = LoRASettings(rank or 2 + seed, 4.0, targets)
-    add_lora(gpt, settings, first_row)
+    gpt = ready_for_task(GPT.from_pretrained(base_dir), specials, settings)
     torch.manual_seed(seed)
     with torch.no_grad():
         for param in gpt.parameters():
@@ -45,6 +43,6 @@ def write_adapter_run(
         specials=specials,
     )
     model = TaskModel(gpt, spec, tokenizer=tokenizer)
-    info = {**model.task_info(), **lora_task_info(settings, str(base_dir), first_row)}
+    info = {**model.task_info(), **lora_task_info(settings, str(base_dir), min(specials.values()))}
     save_task_model(directory, gpt.config, model.state_dict(), info)
     tokenizer.save_pretrained(directory)

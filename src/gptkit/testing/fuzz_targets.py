@@ -238,7 +238,7 @@ DATASET_FILES = {
 
 
 def _data_dir() -> Path:
-    """GPTKIT_DATA, else the shared/data folder beside this checkout (src/gptkit/testing/ is 4 down)."""
+    """GPTKIT_DATA, else the shared/data folder beside this source checkout (4 levels above this file)."""
     return Path(os.environ.get("GPTKIT_DATA", Path(__file__).resolve().parents[4] / "shared" / "data"))
 
 

@@ -197,7 +197,7 @@ def finetune_simulation(config: FinetuneEstimateConfig) -> Simulation:
     per_example = {"similarity": 2, "multiple_choice": spec.n_choices}.get(spec.task, 1)
 
     def build() -> nn.Module:
-        gpt = ready_for_task(GPT(gpt_config), finetune, specials)
+        gpt = ready_for_task(GPT(gpt_config), specials, finetune.lora.settings())
         return TaskModel(gpt, spec, finetune.clf_dropout, finetune.lm_coef).train()
 
     def make_batch(examples: int) -> dict:
@@ -205,7 +205,7 @@ def finetune_simulation(config: FinetuneEstimateConfig) -> Simulation:
         if spec.regression:
             targets = torch.rand(examples)
         else:
-            targets = torch.randint(0, per_example if spec.n_choices else spec.n_outputs, (examples,))
+            targets = torch.randint(0, spec.n_choices or spec.n_outputs, (examples,))
         return {
             "input_ids": ids,
             "lm_labels": ids,
@@ -227,6 +227,8 @@ def estimated_task(finetune: FinetuneConfig, choices: int | None, length: int) -
         if choices is None:
             raise ValueError("--choices: give the answers per question of this multiple-choice task")
         return TaskSpec(task, n_choices=choices, max_length=length)
+    if choices is not None:
+        raise ValueError(f"--choices: applies to multiple-choice tasks, not to {task}")
     labels = list(known.labels) if known and known.labels else ["0", "1"]
     regression = finetune.regression
     return TaskSpec(task, labels=None if regression else labels, regression=regression, max_length=length)

@@ -38,7 +38,7 @@ from gptkit.data.tasks import (
 )
 from gptkit.io import read_json, write_json
 from gptkit.model import GPT
-from gptkit.model.lora import add_lora
+from gptkit.model.lora import LoRASettings, add_lora
 from gptkit.model.task import TaskModel, lora_task_info, read_task_state, save_task_model
 from gptkit.tokenizer import Tokenizer
 from gptkit.train.config import TrainConfig
@@ -172,18 +172,17 @@ def build_gpt(config: FinetuneConfig, tokenizer: Tokenizer, specials: dict[str, 
     gpt = build_model(config.model, base_vocab_size(tokenizer))
     if config.model.init and config.transfer_layers is not None and not config.model.random_init:
         gpt.reinitialize_blocks(keep=config.transfer_layers)
-    return ready_for_task(gpt, config, specials)
+    return ready_for_task(gpt, specials, config.lora.settings())
 
 
-def ready_for_task(gpt: GPT, config: FinetuneConfig, specials: dict[str, int]) -> GPT:
+def ready_for_task(gpt: GPT, specials: dict[str, int], lora: LoRASettings | None = None) -> GPT:
     """``gpt`` as fine-tuning trains it: rows for the special tokens, LoRA adapters on a LoRA run,
-    training mode (the memory estimate builds its model through this too)."""
+    training mode (the memory estimate and gptkit.testing's adapter runs build theirs through this)."""
     # New rows N(0, 0.02) for _start_, _delimiter_, _classify_ when the model lacks them.
     gpt.add_special_tokens(max(specials.values()) + 1 - gpt.config.total_vocab_size)
-    settings = config.lora.settings()
-    if settings is not None:
+    if lora is not None:
         # Everything frozen but the LoRA matrices and the special tokens' rows (the last rows).
-        add_lora(gpt, settings, first_trainable_row=min(specials.values()))
+        add_lora(gpt, lora, first_trainable_row=min(specials.values()))
     return gpt.train()
 
 

@@ -30,7 +30,7 @@ from gptkit.tokenizer import Tokenizer
 from gptkit.train.checkpoint_export import write_model_files
 from gptkit.train.config import TrainConfig
 from gptkit.train.distributed import DistributedContext, wrap_model
-from gptkit.train.loop import Trainer
+from gptkit.train.loop import Trainer, micro_batch_size
 from gptkit.train.meta_init import build_sharded, meta_init_applies
 from gptkit.train.run import (
     ModelShape,
@@ -130,8 +130,7 @@ def pretrain(config: PretrainConfig) -> dict[str, float]:
         windows = WindowSampler(
             train_shard, context_length, train.batch_size, train.seed, ctx.rank, ctx.world_size
         )
-        per_rank = train.batch_size // ctx.world_size
-        micro = min(train.micro_batch_size or per_rank, per_rank)
+        micro = micro_batch_size(train, ctx.world_size)
         val_shard = TokenShard.open(config.data, "val")
         evaluate = make_evaluator(val_shard, context_length, config.eval_windows, micro, ctx.device)
         model_config = model.config
