@@ -35,7 +35,7 @@ def restore_threads():
 
 
 def decode_one_step(model: GPT) -> torch.Tensor:
-    cache = KVCache(model.config, 2, 8, dtype=torch.float32)
+    cache = KVCache(model.config, 2, 8, dtype=model.cache_dtype)
     with torch.no_grad():
         model(torch.tensor([[3, 4, 5], [6, 7, 8]]), cache=cache)
         calls = model.native_step.calls
@@ -58,14 +58,15 @@ def test_the_kernels_follow_torch_set_num_threads(restore_threads):
         with torch.no_grad():
             model.lm_head(torch.randn(1, 60))
             assert kernels.last_team_size() == threads
-            int8(torch.randn(9, 60))  # a prompt's rows: the tiled product
+            int8(torch.randn(9, 60))  # a prompt's rows
             assert kernels.last_team_size() == threads
 
     # A thread PyTorch never ran in: the kernels called first there, before any PyTorch operator
     # could set that thread's OpenMP count, which is OpenMP's default (the cores) until then.
     torch.set_num_threads(1)
     weight, x = torch.randn(40, 60), torch.randn(1, 60)
-    y, matrix = torch.empty(1, 40), native.matrix(weight)
+    packed = native.pack(weight)
+    y, matrix = torch.empty(1, 40), native.matrix(packed, 40, 60)
     seen = []
 
     def engine_thread():
@@ -113,7 +114,7 @@ def test_two_threads_decoding_at_once_get_what_each_gets_alone(restore_threads):
     for worker in workers:
         worker.join()
     assert all(torch.equal(a, b) for a, b in zip(alone, together))
-    assert model.native_step.calls == 4 * 23  # every step of the four decodes a native one
+    assert model.native_step.calls == 4 * 24  # every pass of the four decodes (prompt and steps) a native one
 
 
 def test_the_servers_batchers_and_engine_hold_the_native_team(data_dir, monkeypatch):

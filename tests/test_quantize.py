@@ -239,8 +239,8 @@ def test_decoding_layout_scores_and_decodes_like_the_original(ln_position, layou
     assert isinstance(decoding.lm_head, kind)
     if layout == "transposed-fallback":  # one transposed copy of the embedding serves both
         assert decoding.wte.weight.data_ptr() == decoding.lm_head.weight_t.data_ptr()
-    if layout == "native":  # the output layer reads the token table itself
-        assert decoding.lm_head.weight is decoding.wte.weight
+    if layout == "native":  # the output layer: the token table, packed in the kernels' panels
+        assert torch.equal(decoding.lm_head.unpacked(), decoding.wte.weight)
     with pytest.raises(ValueError, match="inference-only format"):
         decoding.save_pretrained(tmp_path / "no")
     assert not any(p.requires_grad for p in decoding.parameters())

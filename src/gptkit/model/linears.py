@@ -88,17 +88,22 @@ class Int8Linear(InferenceLinear):
             integers[start : start + rows.size(0)] = torch.round(rows / row_scale[:, None])
         self.register_buffer("scale", scale)
         self.register_buffer("bias", None if bias is None else bias.detach().float())
-        # With gptkit's native kernels the integers are held as they are, with each row's sum (the
-        # activations' zero point needs it); else, on a CPU with FBGEMM, once, prepacked for its
-        # int8 product; elsewhere as they are (``weight``, None when packed).
+        self.out_features, self.in_features = integers.shape
+        self.weight_dtype = torch.int8
+        # With gptkit's native kernels the integers are packed in their panels, with each row's sum
+        # (the activations' zero point needs it); else, on a CPU with FBGEMM, once, prepacked for
+        # its int8 product; elsewhere as they are (``weight``, None when packed).
         on_cpu = integers.device.type == "cpu"
         self.native = native.available(integers.device)
         self.packed = fbgemm_pack(integers, scale, self.bias) if on_cpu and not self.native else None
-        self.register_buffer("weight", integers if self.packed is None else None)
+        self.register_buffer("panels", native.pack(integers) if self.native else None)
+        self.register_buffer("weight", integers if self.packed is None and not self.native else None)
         self.register_buffer("row_sum", integers.sum(dim=1, dtype=torch.int32) if self.native else None)
 
     def integers(self) -> torch.Tensor:
         """The int8 matrix q (out, in)."""
+        if self.native:
+            return native.unpack(self.panels, self.out_features, self.in_features)
         if self.packed is None:
             return self.weight
         return torch.ops.quantized.linear_unpack(self.packed)[0].int_repr()
@@ -110,7 +115,9 @@ class Int8Linear(InferenceLinear):
 
     def matrix(self) -> native.Matrix:
         """This matrix as the native kernels take it."""
-        return native.matrix(self.weight, self.bias, self.scale, self.row_sum)
+        return native.matrix(
+            self.panels, self.out_features, self.in_features, self.bias, self.scale, self.row_sum
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.float()

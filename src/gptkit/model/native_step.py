@@ -1,89 +1,61 @@
-"""A decoding step's blocks in one call of gptkit's native kernels (:mod:`gptkit.native`): the
-model's Linears as :class:`NativeLinear` (the weights where they are, read by the native kernels for a
-decoding step and by oneDNN or PyTorch for a prompt), and :class:`NativeStep`, which
-``GPT.forward`` calls for a decoding step it applies to.
+"""A model's blocks in one call of gptkit's native kernels (:mod:`gptkit.native`): the model's
+Linears as :class:`NativeLinear` (their weights packed once in the kernels' panels), and
+:class:`NativeStep`, which ``GPT.forward`` calls for the tokens of a prompt or a decoding step over
+a KV cache, and which a server's engine calls for a step of many sequences over its paged cache.
 """
 
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from gptkit import native
-from gptkit.hardware import matmul_dtype, onednn_linear, onednn_linear_add, packs_for_onednn
 from gptkit.model.linears import (
     DECODING_LAYOUT,
-    ONEDNN_ACTIVATIONS,
     InferenceLinear,
     Int8Linear,
     fuse_blocks,
     refuse_move_or_cast,
     replace_block_linears,
 )
-from gptkit.model.network import ACTIVATIONS, GPT, KVCache
+from gptkit.model.network import GPT, KVCache
 
 # The native step's codes for ACTIVATIONS (Step.activation in interface.h).
 NATIVE_ACTIVATIONS = {"gelu_tanh": 0, "gelu": 1, "relu": 2}
 
 
 class NativeLinear(InferenceLinear):
-    """x·Wᵀ + b of an fp32 or bf16 matrix held as nn.Linear holds it (the same Parameters, not a
-    copy): a few rows (decoding) through the native product, which streams the matrix on every
-    core; more rows (a prompt) through oneDNN on the same weights where PyTorch has its ops and the
-    CPU multiplies the dtype natively (the activation or the residual add fused in; 1.05-1.5×
-    ``F.linear`` for GPT-2 small's fp32 matrices and 512 rows, no faster prepacked), else
-    ``F.linear``, bf16 widened to fp32 where bf16 is not native. The output layer's weight is the
-    token table itself. Its results have the input's dtype."""
+    """x·Wᵀ + b of an fp32 or bf16 matrix packed once in the native kernels' panels
+    (:func:`gptkit.native.pack`: 16 outputs a panel, read front to back by every row of a product at
+    once), for any number of rows; bf16 products round the activations to bf16 and sum in fp32. The
+    original (out, in) weight is not kept. Its results have the input's dtype."""
 
-    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
-        self.weight, self.bias = weight, bias
-        # The native kernels add an fp32 bias (a copy only where the bias is bf16).
-        self.bias32 = None if bias is None else bias.detach().float()
-        self._onednn = packs_for_onednn(weight.dtype, weight.device)
+        self.out_features, self.in_features = weight.shape
+        self.weight_dtype = weight.dtype
+        self.register_buffer("packed", native.pack(weight.detach()), persistent=False)
+        # The native kernels add an fp32 bias (a copy where the bias is bf16).
+        self.register_buffer(
+            "bias32", None if bias is None else bias.detach().float().contiguous(), persistent=False
+        )
 
     def matrix(self) -> native.Matrix:
         """This matrix as the native kernels take it (built for each call: never stale)."""
-        return native.matrix(self.weight.detach(), self.bias32)
+        return native.matrix(self.packed, self.out_features, self.in_features, self.bias32)
+
+    def unpacked(self) -> torch.Tensor:
+        """The matrix (out, in), unpacked (a copy: for tests and inspection)."""
+        return native.unpack(self.packed, self.out_features, self.in_features)
 
     def _apply(self, fn, recurse=True):
-        refuse_move_or_cast("weights the native step reads in place")
-
-    def _few_rows(self, x: torch.Tensor) -> bool:
-        return x.numel() <= NATIVE_MAX_ROWS * x.size(-1) and x.device.type == "cpu"
-
-    def _many_rows(self, x: torch.Tensor, activation: str | None = None) -> torch.Tensor:
-        if self._onednn:
-            post_op = ("none", "") if activation is None else ONEDNN_ACTIVATIONS[activation]
-            return onednn_linear(x.to(self.weight.dtype), self.weight, self.bias, post_op)
-        # PyTorch's own product, in fp32 where bf16 is not native (its bf16 products crawl there).
-        dtype = matmul_dtype(x.device) if self.weight.dtype == torch.bfloat16 else self.weight.dtype
-        bias = None if self.bias is None else self.bias.to(dtype)
-        y = F.linear(x.to(dtype), self.weight.to(dtype), bias)
-        return (y if activation is None else ACTIVATIONS[activation](y)).to(x.dtype)
+        refuse_move_or_cast("weights packed for the native kernels")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._few_rows(x):
-            return native.product(self.matrix(), self.weight.dtype, x).to(x.dtype)
-        return self._many_rows(x)
-
-    def activated(self, x: torch.Tensor, activation: str) -> torch.Tensor:
-        if self._few_rows(x):
-            return ACTIVATIONS[activation](self(x))
-        return self._many_rows(x, activation)
-
-    def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        if self._onednn and not self._few_rows(x):
-            return onednn_linear_add(x, self.weight, self.bias, residual)
-        return residual + self(x)
-
-
-# The native float product runs at most this many rows; more (a prompt) go to a matrix product,
-# which blocks for the caches where the native one reads each matrix row once per row.
-NATIVE_MAX_ROWS = 16
+        return native.product(self.matrix(), self.weight_dtype, x).to(x.dtype)
 
 
 def _blocks_dtype(linears: list[nn.Module]) -> torch.dtype:
@@ -96,19 +68,38 @@ def _blocks_dtype(linears: list[nn.Module]) -> torch.dtype:
         )
     if kinds == {Int8Linear} and not all(linear.native for linear in linears):
         raise ValueError("the int8 blocks were quantized without the native kernels")
-    dtypes = {linear.weight.dtype for linear in linears}
+    dtypes = {linear.weight_dtype for linear in linears}
     if len(dtypes) != 1 or not dtypes <= set(native.FORMATS):
         raise ValueError(f"the native step takes blocks of one dtype among fp32, bf16 and int8, not {dtypes}")
     return dtypes.pop()
 
 
+@dataclass
+class StepTokens:
+    """The tokens of one call of :meth:`NativeStep.run` and where their keys and values go.
+
+    ``x`` (tokens, d) holds h_0, fp32, and is overwritten with h_n. Token t belongs to sequence
+    ``sequence[t]`` (a row of ``block_table``) and writes its key and value at column ``column[t]``
+    of it, attending to its columns 0..column[t]. The cache's ``keys`` and ``values`` are (n_layer,
+    pages, n_head, page_size, head_size) in fp32 or bf16; ``block_table`` (sequences, width) int32
+    gives the page of each page_size columns of a sequence. ``mask`` (sequences, width) uint8: 0 for a
+    padding column (None: every column is real)."""
+
+    x: torch.Tensor
+    sequence: torch.Tensor
+    column: torch.Tensor
+    keys: torch.Tensor
+    values: torch.Tensor
+    block_table: torch.Tensor
+    mask: torch.Tensor | None = None
+
+
 class NativeStep:
-    """Every block of a GPT (and GPT-2's final LayerNorm) for the one new token of each row, in one
-    call of ``gptkit.native``'s decoding step: what ``GPT.forward`` runs for a decoding step (one
-    token a row, a KV cache, no gradient) of a model in a native layout. The same computation as the
-    blocks (fp32 hidden states within ~1e-6): the products on this CPU's vector units, split between
-    the cores, and the work between them without PyTorch's per-operator overhead (GPT-2 small: ~200
-    operator calls a token)."""
+    """Every block of a GPT (and GPT-2's final LayerNorm, and where asked the output layer and its
+    argmax) in one call of ``gptkit.native``'s step, for tokens of any sequences: what
+    ``GPT.forward`` runs over a KV cache for a model in a native layout (:meth:`__call__`), and what
+    a server's engine runs for a step of many sequences over its paged cache (:meth:`run`). The
+    same computation as the blocks; a token's numbers do not depend on the tokens beside it."""
 
     def __init__(self, model: GPT):
         config = model.config
@@ -116,21 +107,12 @@ class NativeStep:
             (block.attn.c_attn, block.attn.c_proj, block.mlp.c_fc, block.mlp.c_proj) for block in model.h
         ]
         self.dtype = _blocks_dtype([linear for four in linears for linear in four])
+        # The cache the step reads: bf16 with bf16 weights (half the bytes of attention's reads), fp32
+        # with fp32 or int8 weights.
+        self.cache_dtype = torch.bfloat16 if self.dtype == torch.bfloat16 else torch.float32
         self.shape = (config.n_layer, config.n_head, config.head_size)
-        # Every tensor the step points at, held here too: the addresses stay valid even if the
-        # model's modules are replaced (the LayerNorms as fp32 copies where the model is bf16).
-        self.tensors: list[torch.Tensor] = [
-            t
-            for four in linears
-            for linear in four
-            for t in (
-                linear.weight,
-                getattr(linear, "bias32", linear.bias),
-                getattr(linear, "scale", None),
-                getattr(linear, "row_sum", None),
-            )
-            if t is not None
-        ]
+        self.lm_head = model.lm_head
+        self.tensors: list[torch.Tensor] = []  # every tensor the step points at, held here too
 
         def fp32(tensor: torch.Tensor | None) -> int | None:
             if tensor is None:
@@ -140,6 +122,7 @@ class NativeStep:
 
         self.layers = (native.Layer * config.n_layer)()
         for layer, block, (qkv, attn_out, fc, mlp_out) in zip(self.layers, model.h, linears):
+            self.tensors += [t for linear in (qkv, attn_out, fc, mlp_out) for t in linear.buffers()]
             layer.ln1_weight, layer.ln1_bias = fp32(block.ln_1.weight), fp32(block.ln_1.bias)
             layer.ln2_weight, layer.ln2_bias = fp32(block.ln_2.weight), fp32(block.ln_2.bias)
             layer.qkv, layer.attn_out = qkv.matrix(), attn_out.matrix()
@@ -158,7 +141,7 @@ class NativeStep:
             lnf_bias=None if final is None else fp32(final.bias),
         )
         self.library = native.loaded()
-        # Decoding steps this step has run (the tests' proof that a model decoded through it).
+        # Calls this step has run (the tests' proof that a model ran through it).
         self.calls = 0
 
     def __deepcopy__(self, memo):
@@ -168,25 +151,25 @@ class NativeStep:
         )
 
     def applies(self, x: torch.Tensor, cache: KVCache | None, attention_mask: torch.Tensor | None) -> bool:
-        """Whether this call of GPT.forward is a decoding step the native step runs: one new token a
-        row, no gradient, a CPU cache of this model's fp32 keys and values (a server's has a slot per
-        sequence, the first in use) with room for the token, and a mask the step can read. Anything
-        else (a full cache among it) takes PyTorch's blocks, which say what is wrong."""
-        if cache is None or x.size(1) != 1 or torch.is_grad_enabled() or x.device.type != "cpu":
+        """Whether this call of GPT.forward runs here: no gradient, a CPU cache of this model's keys
+        and values in the step's dtype, contiguous (a server's may have more rows than the batch),
+        with room for the tokens, and a mask the step can read. Anything else (no cache, a full cache)
+        takes PyTorch's blocks, which say what is wrong."""
+        if cache is None or torch.is_grad_enabled() or x.device.type != "cpu":
             return False
         keys, values = getattr(cache, "keys", None), getattr(cache, "values", None)
         if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
             return False
         layers, heads, head_size = self.shape
-        past, rows = cache.length, x.size(0)
+        past, (rows, length) = cache.length, x.shape[:2]
         return (
             x.dtype in (torch.float32, torch.bfloat16)
             and keys.shape == values.shape
             and keys.dim() == 5
             and (keys.size(0), keys.size(2), keys.size(4)) == (layers, heads, head_size)
             and keys.size(1) >= rows
-            and past < keys.size(3)
-            and keys.dtype == values.dtype == torch.float32
+            and past + length <= keys.size(3)
+            and keys.dtype == values.dtype == self.cache_dtype
             and keys.device.type == values.device.type == "cpu"
             and keys.is_contiguous()
             and values.is_contiguous()
@@ -195,42 +178,81 @@ class NativeStep:
                 or (
                     attention_mask.dim() == 2
                     and attention_mask.size(0) in (1, rows)
-                    and attention_mask.size(1) > past
+                    and attention_mask.size(1) >= past + length
                 )
             )
         )
 
     def __call__(self, x: torch.Tensor, cache: KVCache, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        """h_n (B, 1, d), fp32, from h_0 (B, 1, d), writing the new keys and values at
-        ``cache.length`` (the caller advances the cache)."""
-        x = x.to(torch.float32, copy=True).contiguous()  # written in place
-        mask, positions = None, cache.length + 1
-        if attention_mask is not None:  # (rows, past + 1), as the blocks read it
-            mask = (
-                attention_mask[:, :positions].ne(0).expand(x.size(0), positions).to(torch.uint8).contiguous()
-            )
+        """h_n (B, T, d), fp32, from h_0 (B, T, d), writing the tokens' keys and values at
+        ``cache.length`` onwards (the caller advances the cache): each row of the cache a sequence of
+        one page holding all its columns."""
+        rows, length, d = x.shape
+        flat = x.reshape(rows * length, d).to(torch.float32, copy=True).contiguous()  # written in place
+        sequence = torch.arange(rows, dtype=torch.int32).repeat_interleave(length)
+        column = (cache.length + torch.arange(length, dtype=torch.int32)).repeat(rows)
+        mask = None
+        if attention_mask is not None:
+            mask = attention_mask.ne(0).expand(rows, attention_mask.size(1)).to(torch.uint8).contiguous()
+        tokens = StepTokens(
+            flat,
+            sequence,
+            column,
+            cache.keys,
+            cache.values,
+            torch.arange(rows, dtype=torch.int32)[:, None].contiguous(),
+            mask,
+        )
+        self.run(tokens)
+        return flat.view(rows, length, d)
+
+    def run(
+        self,
+        tokens: StepTokens,
+        logit_tokens: torch.Tensor | None = None,
+        logits: torch.Tensor | None = None,
+        argmax: torch.Tensor | None = None,
+        n_choosable: int | None = None,
+    ) -> None:
+        """One call for ``tokens`` (see :class:`StepTokens`); with ``logit_tokens`` (n,) int32 the
+        output layer's logits of those tokens into ``logits`` (n, V) fp32 and, with ``argmax`` (n,)
+        int32, the most likely id among the first ``n_choosable`` of each."""
+        keys = tokens.keys
+        n_logits = 0 if logit_tokens is None else logit_tokens.numel()
+        head = self.lm_head.matrix() if n_logits else None
         step = native.Step(
             **self.sizes,
-            rows=x.size(0),
-            capacity=cache.keys.size(3),
-            past=cache.length,
-            cache_rows=cache.keys.size(1),
-            keys=cache.keys.data_ptr(),
-            values=cache.values.data_ptr(),
-            mask=None if mask is None else mask.data_ptr(),
-            x=x.data_ptr(),
+            tokens=tokens.x.size(0),
+            x=native.pointer(tokens.x),
+            sequence=native.pointer(tokens.sequence),
+            column=native.pointer(tokens.column),
+            keys=native.pointer(keys),
+            values=native.pointer(tokens.values),
+            cache_format=native.FORMATS[keys.dtype],
+            pages=keys.size(1),
+            page_size=keys.size(3),
+            block_table=native.pointer(tokens.block_table),
+            table_width=tokens.block_table.size(1),
+            mask=native.pointer(tokens.mask),
+            mask_width=0 if tokens.mask is None else tokens.mask.size(1),
+            lm_head=None if head is None else ctypes.addressof(head),
+            lm_format=native.FORMATS[self.lm_head.weight_dtype] if n_logits else 0,
+            n_logits=n_logits,
+            logit_tokens=native.pointer(logit_tokens) if n_logits else None,
+            logits=native.pointer(logits) if n_logits else None,
+            n_choosable=self.lm_head.out_features if n_choosable is None else n_choosable,
+            argmax=native.pointer(argmax) if n_logits and argmax is not None else None,
         )
-        self.library.decode_step(step)
+        self.library.step(step)
         self.calls += 1
-        return x
 
 
 def native_layout(model: GPT) -> GPT:
-    """An fp32 or bf16 model (on a CPU, with ``gptkit.native`` at hand) set up to decode through the
-    native step, in place: the weights stay where they are, read by the native kernels for a
-    decoding step and by a matrix product for a prompt (:class:`NativeLinear`); the output layer
-    reads the token table itself. A decoding step's hidden states are fp32 in both (a bf16 model's
-    logits come out fp32). Inference only."""
+    """An fp32 or bf16 model (on a CPU, with ``gptkit.native`` at hand) set up to run through the
+    native step, in place: every matrix packed in the kernels' panels (:class:`NativeLinear`), the
+    output layer a packed copy of the token table (which the lookup keeps). A prompt or a decoding
+    step over a KV cache runs in one native call; without a cache (scoring), the blocks call the
+    native products. Inference only."""
     weight = model.wte.weight
     if weight.dtype not in (torch.float32, torch.bfloat16) or not native.available(weight.device):
         raise ValueError(
@@ -240,6 +262,6 @@ def native_layout(model: GPT) -> GPT:
     replace_block_linears(model, lambda linear: NativeLinear(linear.weight, linear.bias))
     model.lm_head = NativeLinear(weight)
     model.native_step = NativeStep(model)
-    fuse_blocks(model)  # a prompt's blocks: oneDNN's fused activation and residual add
+    fuse_blocks(model)  # scoring without a cache: the blocks in fewer PyTorch calls
     model.inference_layout = DECODING_LAYOUT
     return model

@@ -207,6 +207,8 @@ class GPT(nn.Module):
         """The dtype a KVCache for this model holds: the weights' own, except on a CPU, where it is
         fp32: there PyTorch's attention of one new token over the cache runs about 5× faster in
         fp32 than in bf16 (GPT-2 small's shape, 96 positions: 10 against 50 µs a layer)."""
+        if self.native_step is not None:  # what the native step reads: bf16 with bf16 weights
+            return self.native_step.cache_dtype
         weight = self.wte.weight
         return torch.float32 if weight.device.type == "cpu" else weight.dtype
 
@@ -246,11 +248,7 @@ class GPT(nn.Module):
                 position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, past : past + T]
             else:
                 position_ids = torch.arange(past, past + T, device=input_ids.device).unsqueeze(0)
-        if self.config.position_encoding == "learned":
-            positions = self.wpe(position_ids)
-        else:
-            positions = self.sinusoids[position_ids]
-        x = self.drop(self.wte(input_ids) + positions)  # h_0 = U·W_e + W_p, (B, T, d)
+        x = self.drop(self.embed(input_ids, position_ids))  # h_0 = U·W_e + W_p, (B, T, d)
 
         if self.native_step is not None and self.native_step.applies(x, cache, attention_mask):
             x = self.native_step(x, cache, attention_mask)  # the blocks and ln_f in one call
@@ -273,6 +271,15 @@ class GPT(nn.Module):
             # Without logits to return, the output layer and the loss are fused (no fp32 logits).
             loss = fused_next_token_loss(x, self.wte.weight, labels)
         return GPTOutput(logits=logits, hidden_states=x, loss=loss)
+
+    def embed(self, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """h_0 = U·W_e + W_p of tokens at positions (any shapes that broadcast), before dropout: what
+        forward feeds the blocks, and what a server's engine feeds the native step."""
+        if self.config.position_encoding == "learned":
+            positions = self.wpe(position_ids)
+        else:
+            positions = self.sinusoids[position_ids]
+        return self.wte(input_ids) + positions
 
     def output_layer(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits h·W_e^T (tied), or through the inference replacement ``lm_head`` when there is one;

@@ -83,16 +83,12 @@ class Layer(ctypes.Structure):
 
 
 class Step(ctypes.Structure):
-    """interface.h's ``Step``: one decoding step's sizes, weights, cache and activations."""
+    """interface.h's ``Step``: one call's sizes, weights, tokens, paged cache and output layer."""
 
     _fields_ = [
         ("n_layer", ctypes.c_int32),
-        ("rows", ctypes.c_int32),
         ("d_model", ctypes.c_int32),
         ("n_head", ctypes.c_int32),
-        ("capacity", ctypes.c_int32),
-        ("past", ctypes.c_int32),
-        ("cache_rows", ctypes.c_int32),
         ("pre_ln", ctypes.c_int32),
         ("activation", ctypes.c_int32),
         ("format", ctypes.c_int32),
@@ -100,16 +96,36 @@ class Step(ctypes.Structure):
         ("layers", ctypes.c_void_p),
         ("lnf_weight", ctypes.c_void_p),
         ("lnf_bias", ctypes.c_void_p),
+        ("tokens", ctypes.c_int32),
+        ("x", ctypes.c_void_p),
+        ("sequence", ctypes.c_void_p),
+        ("column", ctypes.c_void_p),
         ("keys", ctypes.c_void_p),
         ("values", ctypes.c_void_p),
+        ("cache_format", ctypes.c_int32),
+        ("pages", ctypes.c_int32),
+        ("page_size", ctypes.c_int32),
+        ("block_table", ctypes.c_void_p),
+        ("table_width", ctypes.c_int32),
         ("mask", ctypes.c_void_p),
-        ("x", ctypes.c_void_p),
+        ("mask_width", ctypes.c_int32),
+        ("lm_head", ctypes.c_void_p),
+        ("lm_format", ctypes.c_int32),
+        ("n_logits", ctypes.c_int32),
+        ("logit_tokens", ctypes.c_void_p),
+        ("logits", ctypes.c_void_p),
+        ("n_choosable", ctypes.c_int32),
+        ("argmax", ctypes.c_void_p),
     ]
 
 
 STRUCTS = (Matrix, Layer, Step)  # in the order of gptkit_struct_sizes' argument
-# interface.h's Format of a matrix, by the dtype it is stored in.
+# interface.h's Format of a matrix (and of a cache), by the dtype it is stored in.
 FORMATS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}
+# interface.h's PANEL (output rows a panel holds) and group_size (inputs a lane takes at a time).
+PANEL = 16
+GROUP = {torch.float32: 1, torch.bfloat16: 2, torch.int8: 4}
+TILE_GROUPS = 16  # bf16 and int8 panels' groups are padded to a multiple of this (interface.h)
 
 # One team of native threads at a time in this process: two threads calling the kernels at once (a
 # server's engine and its embeddings batcher on one model) would run two teams on the same cores.
@@ -142,8 +158,8 @@ class Kernels:
                 raise RuntimeError(
                     f"{path.name}: {struct.__name__} is {compiled} bytes, the Python mirror {ctypes.sizeof(struct)}"
                 )
-        lib.gptkit_decode_step.argtypes = [ctypes.POINTER(Step), ctypes.c_int32]
-        lib.gptkit_decode_step.restype = None
+        lib.gptkit_step.argtypes = [ctypes.POINTER(Step), ctypes.c_int32]
+        lib.gptkit_step.restype = None
         lib.gptkit_product.argtypes = [
             ctypes.POINTER(Matrix),
             ctypes.c_int32,
@@ -155,9 +171,10 @@ class Kernels:
         lib.gptkit_product.restype = None
         lib.gptkit_last_team_size.restype = ctypes.c_int32
 
-    def decode_step(self, step: Step) -> None:
+    def step(self, step: Step) -> None:
+        """Every block (and the output layer, where asked) for the step's tokens."""
         with TEAM:
-            self.lib.gptkit_decode_step(ctypes.byref(step), torch.get_num_threads())
+            self.lib.gptkit_step(ctypes.byref(step), torch.get_num_threads())
 
     def product(self, matrix: Matrix, format: int, x: int, rows: int, y: int) -> None:
         """y = x·Wᵀ + b, x (rows, in) and y (rows, out) fp32 at the addresses ``x`` and ``y``."""
@@ -240,7 +257,13 @@ def report() -> dict:
             path = build()
         out["library"] = str(path)
         info = read_build_line(path)
-        out |= {"isa": info.isa, "int8": info.int8, "openmp": info.openmp, "built_with": info.flags}
+        out |= {
+            "isa": info.isa,
+            "bf16": info.bf16,
+            "int8": info.int8,
+            "openmp": info.openmp,
+            "built_with": info.flags,
+        }
         out["unusable"] = info.why_unusable()
     except Exception as error:  # noqa: BLE001 (reported, not raised)
         out["unusable"] = f"not built: {error}"
@@ -259,17 +282,39 @@ def pointer(tensor: torch.Tensor | None) -> int | None:
     return tensor.data_ptr()
 
 
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` (out, in), fp32, bf16 or int8, in the panels the native products read
+    (interface.h's Matrix): (panels, groups, 16, g), 16 output rows a panel, their inputs in groups
+    of g (fp32 1, bf16 2, int8 4), padded with zeros to whole panels and groups (bf16 and int8 to
+    a multiple of 16 groups: a tile of the CPU's matrix units)."""
+    out, inputs = weight.shape
+    g = GROUP[weight.dtype]
+    panels, groups = -(-out // PANEL), -(-inputs // g)
+    if g > 1:  # bf16 and int8: whole tiles of the matrix units (16 groups)
+        groups = -(-groups // TILE_GROUPS) * TILE_GROUPS
+    padded = torch.zeros(panels * PANEL, groups * g, dtype=weight.dtype)
+    padded[:out, :inputs] = weight.detach()
+    return padded.view(panels, PANEL, groups, g).permute(0, 2, 1, 3).contiguous()
+
+
+def unpack(packed: torch.Tensor, out: int, inputs: int) -> torch.Tensor:
+    """The matrix (out, in) that :func:`pack` packed."""
+    panels, groups, _, g = packed.shape
+    return packed.permute(0, 2, 1, 3).reshape(panels * PANEL, groups * g)[:out, :inputs]
+
+
 def matrix(
-    weight: torch.Tensor,
+    packed: torch.Tensor,
+    out: int,
+    inputs: int,
     bias: torch.Tensor | None = None,
     scale: torch.Tensor | None = None,
     row_sum: torch.Tensor | None = None,
 ) -> Matrix:
-    """A matrix (out, in) as the native kernels take it: fp32 weights, or int8 with each row's scale
-    and integer sum. The tensors must outlive the matrix (the model holds them)."""
-    return Matrix(
-        pointer(weight), pointer(bias), pointer(scale), pointer(row_sum), weight.size(0), weight.size(1)
-    )
+    """A matrix (out, in) packed by :func:`pack` as the native kernels take it, with fp32 biases and,
+    for int8, each row's scale and integer sum (padded to the panels). The tensors must outlive the
+    matrix (the model holds them)."""
+    return Matrix(pointer(packed), pointer(bias), pointer(scale), pointer(row_sum), out, inputs)
 
 
 def product(matrix: Matrix, dtype: torch.dtype, x: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ if __name__ == "__main__":
         found = report()
     if found.get("library"):
         print(
-            f"gptkit: native decoding kernels at {found['library']}: isa {found['isa']}, int8 {found['int8']}, "
+            f"gptkit: native decoding kernels at {found['library']}: isa {found['isa']}, bf16 {found['bf16']}, int8 {found['int8']}, "
             f"OpenMP {found['openmp'] or 'none'}, flags {found['built_with']}, source {found['source']}"
         )
     if found["used"]:

@@ -46,7 +46,7 @@ except ImportError:  # Windows: no build lock
 # The one translation unit compiled; it includes the headers beside it (interface.h, vectors.h, ...).
 SOURCE = Path(__file__).with_name("decode_step.cpp")
 # interface.h's GPTKIT_ABI: the interface (the structs and functions) this module calls.
-ABI = 3
+ABI = 4
 # The CPU the kernels are compiled for: this one by default; `GPTKIT_NATIVE_MARCH=haswell` (any
 # -march value) builds for another, such as AVX2 alone on an AVX-512 machine; `generic` passes no
 # -march (the compiler's default target: on x86-64, no AVX2, so a build gptkit does not decode with).
@@ -91,10 +91,11 @@ class BuildInfo:
 
     abi: int
     source: str  # source_hash(): the first 16 hex digits of the sources' sha256
-    isa: str  # fp32/bf16 vector code: avx512, avx2 or generic
+    isa: str  # fp32 vector code: avx512, avx2 or generic
     int8: str  # int8 vector code: avx512-vnni, avx512bw, avx-vnni, avx2 or generic
     openmp: int  # OpenMP's version (_OPENMP), 0 without
     flags: str
+    bf16: str = "widened"  # bf16 products: avx512-bf16 (the CPU's bf16 units), widened or generic
 
     @classmethod
     def parse(cls, line: str) -> BuildInfo:
@@ -109,6 +110,7 @@ class BuildInfo:
                 fields["int8"],
                 int(fields["openmp"]),
                 fields["flags"],
+                fields.get("bf16", "widened"),
             )
         except (KeyError, ValueError) as error:
             raise ValueError(f"a damaged gptkit build line: {line[:200]!r}") from error

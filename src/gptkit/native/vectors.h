@@ -25,6 +25,14 @@ inline fvec fvec_zero() { return _mm512_setzero_ps(); }
 inline fvec fvec_fma(fvec a, fvec b, fvec c) { return _mm512_fmadd_ps(a, b, c); }
 inline fvec fvec_add(fvec a, fvec b) { return _mm512_add_ps(a, b); }
 inline float fvec_sum(fvec v) { return _mm512_reduce_add_ps(v); }
+inline fvec fvec_set1(float x) { return _mm512_set1_ps(x); }
+inline void fvec_store(float* p, fvec v) { _mm512_storeu_ps(p, v); }
+inline float fvec_max(fvec v) { return _mm512_reduce_max_ps(v); }
+// The even and odd bf16 of 16 pairs (a pair's first value in its low half) widened to fp32.
+inline fvec bf16_even(const uint32_t* p) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(p), 16)); }
+inline fvec bf16_odd(const uint32_t* p) {
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32(int(0xffff0000u))));
+}
 #define GPTKIT_FLOAT_VECTORS 1
 #elif defined(__AVX2__) && defined(__FMA__)
 typedef __m256 fvec;
@@ -42,7 +50,29 @@ inline float fvec_sum(fvec v) {
     h = _mm_add_ss(h, _mm_movehdup_ps(h));
     return _mm_cvtss_f32(h);
 }
+inline fvec fvec_set1(float x) { return _mm256_set1_ps(x); }
+inline void fvec_store(float* p, fvec v) { _mm256_storeu_ps(p, v); }
+inline float fvec_max(fvec v) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+inline fvec bf16_even(const uint32_t* p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i*)p), 16));
+}
+inline fvec bf16_odd(const uint32_t* p) {
+    return _mm256_castsi256_ps(
+        _mm256_and_si256(_mm256_loadu_si256((const __m256i*)p), _mm256_set1_epi32(int(0xffff0000u))));
+}
 #define GPTKIT_FLOAT_VECTORS 1
+#endif
+
+// bf16 pairs multiplied and summed into fp32 lanes by one instruction (AVX512-BF16), 16 lanes:
+// each lane adds x's pair times its own pair of w, the odd products first, each sum rounded once.
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#define GPTKIT_BF16_DOT 1
+inline __m512 bf16_dot(__m512 acc, __m512i x, __m512i w) { return _mm512_dpbf16_ps(acc, (__m512bh)x, (__m512bh)w); }
 #endif
 
 inline float widen(float w) { return w; }
@@ -76,7 +106,7 @@ inline float dot(const Weight* w, const float* x, int n) {
 
 // Integer products of unsigned 7-bit activations and signed 8-bit weights, exact in int32: the
 // vector of int32 sums and the one instruction (VNNI) or three (AVX2, AVX-512 without VNNI) that
-// adds 4 products of bytes to each lane. u8·s8 pairs summed to int16 stay within 2·127·127: no
+// adds 4 products of bytes to each lane (x: 4 activations, w: 4 weights of each lane's output). u8·s8 pairs summed to int16 stay within 2·127·127: no
 // saturation with 7-bit activations.
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 typedef __m512i ivec;
@@ -85,6 +115,8 @@ inline ivec ivec_load(const void* p) { return _mm512_loadu_si512(p); }
 inline ivec ivec_zero() { return _mm512_setzero_si512(); }
 inline ivec ivec_dot(ivec acc, ivec x, ivec w) { return _mm512_dpbusd_epi32(acc, x, w); }
 inline int32_t ivec_sum(ivec v) { return _mm512_reduce_add_epi32(v); }
+inline ivec ivec_set1(uint32_t x) { return _mm512_set1_epi32(int(x)); }
+inline void ivec_store(int32_t* p, ivec v) { _mm512_storeu_si512(p, v); }
 #define GPTKIT_INT_VECTORS 1
 #elif defined(__AVX512BW__)
 typedef __m512i ivec;
@@ -95,6 +127,8 @@ inline ivec ivec_dot(ivec acc, ivec x, ivec w) {
     return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(x, w), _mm512_set1_epi16(1)));
 }
 inline int32_t ivec_sum(ivec v) { return _mm512_reduce_add_epi32(v); }
+inline ivec ivec_set1(uint32_t x) { return _mm512_set1_epi32(int(x)); }
+inline void ivec_store(int32_t* p, ivec v) { _mm512_storeu_si512(p, v); }
 #define GPTKIT_INT_VECTORS 1
 #elif defined(__AVX2__)
 typedef __m256i ivec;
@@ -114,39 +148,9 @@ inline int32_t ivec_sum(ivec v) {
     h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
     return _mm_cvtsi128_si32(h);
 }
+inline ivec ivec_set1(uint32_t x) { return _mm256_set1_epi32(int(x)); }
+inline void ivec_store(int32_t* p, ivec v) { _mm256_storeu_si256((__m256i*)p, v); }
 #define GPTKIT_INT_VECTORS 1
 #endif
-
-// Σ x·w of `W` weight rows against `X` activation rows at once, sums[i·X + j] for weight row i and
-// activation row j: each piece of weights and activations loaded once for all its products (two
-// weight rows as two streams while decoding; 2 × 4 for a prompt's many rows). Exact in int32.
-template <int W, int X>
-inline void dot_u8s8(const int8_t* const* w, const uint8_t* const* x, int n, int32_t* sums) {
-    int k = 0;
-    for (int i = 0; i < W * X; ++i) sums[i] = 0;
-#ifdef GPTKIT_INT_VECTORS
-    ivec a[W * X];
-    for (int i = 0; i < W * X; ++i) a[i] = ivec_zero();
-    for (; k + IVEC_BYTES <= n; k += IVEC_BYTES) {
-        ivec xk[X];
-        for (int j = 0; j < X; ++j) xk[j] = ivec_load(x[j] + k);
-        for (int i = 0; i < W; ++i) {
-            const ivec wk = ivec_load(w[i] + k);
-            for (int j = 0; j < X; ++j) a[i * X + j] = ivec_dot(a[i * X + j], xk[j], wk);
-        }
-    }
-    for (int i = 0; i < W * X; ++i) sums[i] = ivec_sum(a[i]);
-#endif
-    for (; k < n; ++k)
-        for (int i = 0; i < W; ++i)
-            for (int j = 0; j < X; ++j) sums[i * X + j] += int32_t(x[j][k]) * int32_t(w[i][k]);
-}
-
-// One weight row against one activation row.
-inline int32_t dot_u8s8(const int8_t* w, const uint8_t* x, int n) {
-    int32_t sum;
-    dot_u8s8<1, 1>(&w, &x, n, &sum);
-    return sum;
-}
 
 }  // namespace
