@@ -8,15 +8,34 @@ from dataclasses import dataclass, field
 from gptkit.generation.text import InferenceConfig
 
 MAX_CHOICES_PER_PROMPT = 8  # the most `n` may be (and no more than max_batch)
+DEFAULT_POOLING_BATCH = 16  # classify/embeddings inputs a forward pass, where --max-batch is not given
 
 
 @dataclass(frozen=True)
 class ServeLimits:
     """Bounds that keep a server responsive whatever its clients send."""
 
-    max_batch: int = field(
-        default=16,
-        metadata={"help": "Sequences decoded together; inputs of one classify/embeddings forward."},
+    max_batch: int | None = field(
+        default=None,
+        metadata={
+            "help": "Sequences decoded together (default: measured at start, the batch past which more "
+            "sequences stop adding tokens a second, within the memory; 16 without the native kernels); "
+            "inputs of one classify/embeddings forward (default 16)."
+        },
+    )
+    cache_mib: int | None = field(
+        default=None,
+        metadata={
+            "help": "MiB of keys and values for the sequences decoded together, in pages (default: the whole "
+            "context for every sequence, within half the memory available; only what is used is resident)."
+        },
+    )
+    step_tokens: int = field(
+        default=256,
+        metadata={
+            "help": "Prompt tokens a decoding step runs beside the running sequences' next tokens: more "
+            "starts new requests sooner, fewer keeps the running ones' pace."
+        },
     )
     max_queue: int = field(
         default=64,
@@ -40,8 +59,15 @@ class ServeLimits:
     )
 
     def __post_init__(self) -> None:
-        for name in ("max_batch", "max_queue", "max_tokens_limit", "max_body_bytes"):
-            if getattr(self, name) < 1:
+        for name in (
+            "max_batch",
+            "cache_mib",
+            "step_tokens",
+            "max_queue",
+            "max_tokens_limit",
+            "max_body_bytes",
+        ):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.request_timeout > 0:
             raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
@@ -50,7 +76,12 @@ class ServeLimits:
 
     @property
     def max_n(self) -> int:
-        return min(MAX_CHOICES_PER_PROMPT, self.max_batch)
+        return min(MAX_CHOICES_PER_PROMPT, self.max_batch or MAX_CHOICES_PER_PROMPT)
+
+    @property
+    def pooling_batch(self) -> int:
+        """Inputs of one classify/embeddings forward pass."""
+        return self.max_batch or DEFAULT_POOLING_BATCH
 
 
 @dataclass

@@ -314,25 +314,11 @@ async def _sse(
         offsets.append(0 if choice.echo else len(choice.prompt_text))
         if choice.echo and not with_logprobs:
             yield _sse_data(chunk_body(*header, choice.index, choice.prompt_text))
-    async for event in completion.stream_events(engine):
-        choice = completion.choices[event.index]
-        if event.error is not None:
-            yield _sse_data(_engine_error(event.error).body())
-            continue
-        if event.prompt_logprobs is not None:  # echo with logprobs: the prompt and its scores first
-            entries = list(zip(choice.prompt_ids, event.prompt_logprobs))
-            pieces = writer.prompt_pieces(choice)
-            logprobs, offsets[event.index] = writer.write(entries, offsets[event.index], pieces)
-            yield _sse_data(chunk_body(*header, choice.index, choice.prompt_text, logprobs))
-            continue
-        logprobs = None
-        if with_logprobs and event.token_id is not None and event.logprob is not None:
-            # The chunk's text is its token's: what the stream sends with it.
-            logprobs, offsets[event.index] = writer.write(
-                [(event.token_id, event.logprob)], offsets[event.index], [event.text]
-            )
-        if event.text or logprobs is not None or event.finish_reason is not None:
-            yield _sse_data(chunk_body(*header, choice.index, event.text, logprobs, event.finish_reason))
+    async for events in completion.stream_events(engine):
+        # One write for what came at once (a step's tokens of every choice).
+        data = "".join(_event_data(completion, header, writer, offsets, with_logprobs, e) for e in events)
+        if data:
+            yield data
     if not all(choice.done for choice in completion.choices):
         return  # the client went away
     if request.include_usage:
@@ -341,6 +327,34 @@ async def _sse(
         last.update(choices=[], usage=usage(completion.prompt_tokens, completion_tokens))
         yield _sse_data(last)
     yield _sse_data("[DONE]")
+
+
+def _event_data(
+    completion: _Completion,
+    header: tuple,
+    writer: LogprobsWriter,
+    offsets: list[int],
+    with_logprobs: bool,
+    event: Event,
+) -> str:
+    """The server-sent event of one engine event ("" for none); ``offsets`` move on."""
+    choice = completion.choices[event.index]
+    if event.error is not None:
+        return _sse_data(_engine_error(event.error).body())
+    if event.prompt_logprobs is not None:  # echo with logprobs: the prompt and its scores first
+        entries = list(zip(choice.prompt_ids, event.prompt_logprobs))
+        pieces = writer.prompt_pieces(choice)
+        logprobs, offsets[event.index] = writer.write(entries, offsets[event.index], pieces)
+        return _sse_data(chunk_body(*header, choice.index, choice.prompt_text, logprobs))
+    logprobs = None
+    if with_logprobs and event.token_id is not None and event.logprob is not None:
+        # The chunk's text is its token's: what the stream sends with it.
+        logprobs, offsets[event.index] = writer.write(
+            [(event.token_id, event.logprob)], offsets[event.index], [event.text]
+        )
+    if event.text or logprobs is not None or event.finish_reason is not None:
+        return _sse_data(chunk_body(*header, choice.index, event.text, logprobs, event.finish_reason))
+    return ""
 
 
 class _Completion:
@@ -362,10 +376,7 @@ class _Completion:
         self.clock = clock
         self.deadline = clock() + timeout
         self.events: asyncio.Queue[Event] = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-
-        def deliver(event: Event) -> None:  # called from the engine's thread
-            loop.call_soon_threadsafe(self.events.put_nowait, event)
+        loop = asyncio.get_running_loop()  # the engine hands each step's events to it at once
 
         self.prompt_tokens = sum(len(ids) for ids, _ in prompts)
         self.choices: list[Choice] = []
@@ -378,30 +389,36 @@ class _Completion:
                 seed = None if params.seed is None else (params.seed + index) % 2**64
                 choice_params = dataclasses.replace(params, seed=seed)
                 self.choices.append(Choice(index, ids, text, request.echo))
-                self.sequences.append(GenerationRequest(index, ids, choice_params, deliver, self.deadline))
+                self.sequences.append(
+                    GenerationRequest(index, ids, choice_params, self.events.put_nowait, self.deadline, loop)
+                )
 
-    async def stream_events(self, engine: Engine) -> AsyncIterator[Event]:
-        """The engine's events until every choice is done; stops (and cancels) if the client leaves."""
+    async def stream_events(self, engine: Engine) -> AsyncIterator[list[Event]]:
+        """The engine's events, as many as have come at once, until every choice is done; stops (and
+        cancels) if the client leaves."""
         pending = len(self.sequences)
         try:
             while pending:
                 try:
-                    event = await asyncio.wait_for(self.events.get(), _POLL_SECONDS)
+                    events = [await asyncio.wait_for(self.events.get(), _POLL_SECONDS)]
                 except asyncio.TimeoutError:
                     if await self.http.is_disconnected():
                         return
                     if self.clock() > self.deadline + 10 or not engine.alive:  # the engine is stuck
-                        for choice in self.choices:
-                            if not choice.done:
-                                choice.add(Event(choice.index, error="internal"))
-                                yield Event(choice.index, error="internal")
+                        stuck = [Event(c.index, error="internal") for c in self.choices if not c.done]
+                        for event in stuck:
+                            self.choices[event.index].add(event)
+                        yield stuck
                         return
                     continue
-                choice = self.choices[event.index]
-                was_done = choice.done
-                choice.add(event)
-                pending -= choice.done and not was_done
-                yield event
+                while not self.events.empty():
+                    events.append(self.events.get_nowait())
+                for event in events:
+                    choice = self.choices[event.index]
+                    was_done = choice.done
+                    choice.add(event)
+                    pending -= choice.done and not was_done
+                yield events
         finally:
             unfinished = [s for s, c in zip(self.sequences, self.choices) if not c.done]
             for sequence in unfinished:

@@ -6,6 +6,7 @@ import threading
 from collections import Counter
 from collections.abc import Sequence
 
+from gptkit.serve.engine import PHASES
 from gptkit.serve.models import ServedModel
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)  # seconds
@@ -66,6 +67,18 @@ class Metrics:
         )
         for name, kind, help, counter in _ENGINE_METRICS:
             metric(name, kind, help, [(name, self._engines(counter))])
+        name = "gptkit_engine_phase_seconds_total"
+        phases = [(f'{name}{{phase="{p}"}}', sum(e.times.seconds[p] for e in self.engines)) for p in PHASES]
+        metric(name, "counter", _PHASE_HELP, phases)
+        name = "gptkit_engine_step_tokens_total"
+        kinds = [("prompt", "prefill_tokens"), ("decode", "decode_tokens")]
+        tokens = [(f'{name}{{kind="{k}"}}', sum(getattr(e.times, a) for e in self.engines)) for k, a in kinds]
+        metric(
+            name,
+            "counter",
+            "Tokens the engine's steps ran: prompt tokens and decoding sequences' next inputs.",
+            tokens,
+        )
         for name, kind, help, counter in _POOLING_METRICS:
             samples = [
                 (f'{name}{{model="{_label(model)}",endpoint="{endpoint}"}}', getattr(batcher, counter))
@@ -99,6 +112,11 @@ _ENGINE_METRICS = (
     ("gptkit_engine_steps_total", "counter", "Decoding steps of the running batch.", "steps"),
     ("gptkit_queue_length", "gauge", "Sequences waiting for a row of the batch.", "queue_length"),
     ("gptkit_running_sequences", "gauge", "Sequences in the running batch.", "batch_size"),
+)
+_PHASE_HELP = (
+    "Seconds the engines spent in each phase of their loop: admission (taking waiting sequences), "
+    "prefill (steps that ran prompt tokens), decode (steps of next tokens only), sampling, detokenize "
+    "and handoff (passing a step's events to the event loop)."
 )
 # The classify/embeddings batchers' counters, one sample a model and endpoint.
 _POOLING_METRICS = (

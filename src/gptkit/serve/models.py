@@ -44,6 +44,7 @@ from gptkit.model.task import (
 from gptkit.serve.batcher import Batcher
 from gptkit.serve.config import ServeLimits
 from gptkit.serve.engine import Engine
+from gptkit.serve.sizing import cache_pages, choose_max_batch
 from gptkit.tokenizer import Tokenizer, tokenizer_digest
 
 COMPLETIONS, CLASSIFY, EMBEDDINGS = "/v1/completions", "/v1/classify", "/v1/embeddings"
@@ -67,12 +68,11 @@ class ServedModel:
     def create(
         cls, name: str, gpt: GPT, tokenizer: Tokenizer, limits: ServeLimits, task: TaskModel | None = None
     ) -> ServedModel:
-        batching = dict(max_batch=limits.max_batch, max_queue=limits.max_queue)
+        batching = dict(max_batch=limits.pooling_batch, max_queue=limits.max_queue)
         batching["max_wait"] = limits.batch_wait_ms / 1000
         batchers = {EMBEDDINGS: Batcher(functools.partial(embed, gpt), name=f"embed-{name}", **batching)}
         if task is None:
-            engine = Engine(gpt, tokenizer, max_batch=limits.max_batch, max_queue=limits.max_queue)
-            return cls(name, gpt, tokenizer, batchers, engine=engine)
+            return cls(name, gpt, tokenizer, batchers, engine=create_engine(name, gpt, tokenizer, limits))
         run = functools.partial(classify, task)
         batchers[CLASSIFY] = Batcher(run, name=f"classify-{name}", **batching)
         return cls(name, gpt, tokenizer, batchers, task=task)
@@ -119,6 +119,25 @@ class ServedModel:
     def alive(self) -> bool:
         loops = [*self.batchers.values(), *([self.engine] if self.engine is not None else [])]
         return all(loop.alive for loop in loops)
+
+
+def create_engine(name: str, gpt: GPT, tokenizer: Tokenizer, limits: ServeLimits) -> Engine:
+    """The decode loop of a language model, its batch and cache sized from ``limits`` or, where they
+    are not given, from the measured step and the memory (:mod:`gptkit.serve.sizing`)."""
+    max_batch = limits.max_batch
+    if max_batch is None:
+        max_batch = choose_max_batch(
+            gpt, log=lambda line: print(f"{name}: {line}", file=sys.stderr, flush=True)
+        )
+    pages = cache_pages(gpt, max_batch, limits.cache_mib) if gpt.native_step is not None else None
+    return Engine(
+        gpt,
+        tokenizer,
+        max_batch=max_batch,
+        max_queue=limits.max_queue,
+        cache_pages=pages,
+        step_tokens=limits.step_tokens,
+    )
 
 
 # The forward passes ---------------------------------------------------------------------------------
@@ -265,7 +284,7 @@ def load_adapters(
         flush=True,
     )
     batching = dict(
-        max_batch=limits.max_batch, max_queue=limits.max_queue, max_wait=limits.batch_wait_ms / 1000
+        max_batch=limits.pooling_batch, max_queue=limits.max_queue, max_wait=limits.batch_wait_ms / 1000
     )
     shared = Batcher(
         functools.partial(classify_mixed, adapter_set, tasks), name=f"classify-{base.name}", **batching
