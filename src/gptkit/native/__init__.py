@@ -28,6 +28,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import sys
 import threading
 import warnings
 from pathlib import Path
@@ -294,7 +295,28 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
         groups = -(-groups // TILE_GROUPS) * TILE_GROUPS
     padded = torch.zeros(panels * PANEL, groups * g, dtype=weight.dtype)
     padded[:out, :inputs] = weight.detach()
-    return padded.view(panels, PANEL, groups, g).permute(0, 2, 1, 3).contiguous()
+    packed = torch.empty(panels, groups, PANEL, g, dtype=weight.dtype)
+    _ask_for_huge_pages(packed)  # before its pages are first written, when the kernel lays them out
+    return packed.copy_(padded.view(panels, PANEL, groups, g).permute(0, 2, 1, 3))
+
+
+MADV_HUGEPAGE = 14  # Linux's madvise advice: back this range with 2 MB pages where it can
+HUGE_PAGE = 2 << 20
+
+
+def _ask_for_huge_pages(tensor: torch.Tensor) -> None:
+    """Ask Linux to back a large tensor with 2 MB pages (where transparent huge pages are on for
+    those who ask, as is common): a step streams every weight, and with 4 KB pages it also walks a
+    page table every 4 KB (GPT-2 small, fp32, one token: 2.5% faster with them, alternating).
+    Elsewhere, or if refused, nothing happens."""
+    if sys.platform != "linux" or tensor.numel() * tensor.element_size() < 2 * HUGE_PAGE:
+        return
+    start = (tensor.data_ptr() + 4095) & ~4095
+    length = (tensor.data_ptr() + tensor.numel() * tensor.element_size() - start) & ~4095
+    try:
+        ctypes.CDLL(None).madvise(ctypes.c_void_p(start), ctypes.c_size_t(length), MADV_HUGEPAGE)
+    except (OSError, AttributeError):
+        pass
 
 
 def unpack(packed: torch.Tensor, out: int, inputs: int) -> torch.Tensor:

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "vectors.h"
+
 namespace {
 
 // e^x to about 1e-7 relative (Cody-Waite range reduction, a degree-6 polynomial, the exponent set by
@@ -45,6 +47,30 @@ inline float gelu_erf(float x) {
     const float erf = x < 0.0f ? -erf_abs : erf_abs;
     return 0.5f * x * (1.0f + erf);
 }
+
+#ifdef GPTKIT_FLOAT_VECTORS
+// exp_approx and gelu_tanh on a vector: the same steps, each lane's number within 1e-7 of theirs.
+inline fvec fvec_exp_approx(fvec x) {
+    x = fvec_clamp(x, -87.0f, 88.0f);
+    const fvec n = fvec_rint(fvec_mul(x, fvec_set1(1.44269504088896341f)));
+    const fvec r = fvec_fma(n, fvec_set1(2.12194440e-4f), fvec_fma(n, fvec_set1(-0.693359375f), x));
+    fvec p = fvec_set1(1.9875691500e-4f);
+    p = fvec_fma(p, r, fvec_set1(1.3981999507e-3f));
+    p = fvec_fma(p, r, fvec_set1(8.3334519073e-3f));
+    p = fvec_fma(p, r, fvec_set1(4.1665795894e-2f));
+    p = fvec_fma(p, r, fvec_set1(1.6666665459e-1f));
+    p = fvec_fma(p, r, fvec_set1(5.0000001201e-1f));
+    p = fvec_add(fvec_fma(fvec_mul(p, r), r, r), fvec_set1(1.0f));
+    return fvec_mul(p, fvec_exp2_int(n));
+}
+
+inline fvec fvec_gelu_tanh(fvec x) {
+    const fvec cube = fvec_mul(fvec_mul(x, x), x);
+    const fvec u = fvec_mul(fvec_set1(0.7978845608028654f), fvec_fma(cube, fvec_set1(0.044715f), x));
+    const fvec e = fvec_exp_approx(fvec_add(u, u));
+    return fvec_sub(x, fvec_div(x, fvec_add(e, fvec_set1(1.0f))));
+}
+#endif
 
 void activate(float* y, int n, int activation) {
     if (activation == 0) {

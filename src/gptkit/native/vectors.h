@@ -28,6 +28,18 @@ inline float fvec_sum(fvec v) { return _mm512_reduce_add_ps(v); }
 inline fvec fvec_set1(float x) { return _mm512_set1_ps(x); }
 inline void fvec_store(float* p, fvec v) { _mm512_storeu_ps(p, v); }
 inline float fvec_max(fvec v) { return _mm512_reduce_max_ps(v); }
+inline fvec fvec_mul(fvec a, fvec b) { return _mm512_mul_ps(a, b); }
+inline fvec fvec_sub(fvec a, fvec b) { return _mm512_sub_ps(a, b); }
+inline fvec fvec_div(fvec a, fvec b) { return _mm512_div_ps(a, b); }
+inline fvec fvec_clamp(fvec x, float lo, float hi) {
+    return _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(lo)), _mm512_set1_ps(hi));
+}
+inline fvec fvec_rint(fvec x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+// 2^n for whole numbers n (as floats) in [-126, 127], built in the exponent's bits.
+inline fvec fvec_exp2_int(fvec n) {
+    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_castsi512_ps(bits);
+}
 // The even and odd bf16 of 16 pairs (a pair's first value in its low half) widened to fp32.
 inline fvec bf16_even(const uint32_t* p) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(p), 16)); }
 inline fvec bf16_odd(const uint32_t* p) {
@@ -57,6 +69,17 @@ inline float fvec_max(fvec v) {
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     h = _mm_max_ss(h, _mm_movehdup_ps(h));
     return _mm_cvtss_f32(h);
+}
+inline fvec fvec_mul(fvec a, fvec b) { return _mm256_mul_ps(a, b); }
+inline fvec fvec_sub(fvec a, fvec b) { return _mm256_sub_ps(a, b); }
+inline fvec fvec_div(fvec a, fvec b) { return _mm256_div_ps(a, b); }
+inline fvec fvec_clamp(fvec x, float lo, float hi) {
+    return _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(lo)), _mm256_set1_ps(hi));
+}
+inline fvec fvec_rint(fvec x) { return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+inline fvec fvec_exp2_int(fvec n) {
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_castsi256_ps(bits);
 }
 inline fvec bf16_even(const uint32_t* p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256((const __m256i*)p), 16));
