@@ -110,7 +110,9 @@ def cmd_generate(config) -> None:
 
 def cmd_serve(config) -> None:
     from gptkit.serve import run_server
+    from gptkit.serve.server import restart_with_sleeping_threads
 
+    restart_with_sleeping_threads()  # where OMP_WAIT_POLICY is not set: once, before any model loads
     run_server(config)
 
 
