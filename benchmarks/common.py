@@ -35,6 +35,27 @@ def machine() -> str:
     return machine_summary()
 
 
+def commit() -> str | None:
+    """The commit measured, with "+changes" where the checkout differs from it; None outside git."""
+    import subprocess
+
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=30, check=True
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+changes" if changed else "")
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values)
 
@@ -102,6 +123,7 @@ def emit(name: str, comparisons: list[dict], **extra) -> None:
     record = {
         "benchmark": name,
         "date": datetime.date.today().isoformat(),
+        "commit": commit(),
         "machine": machine(),
         "hardware": describe(),
         # How busy the machine was (1, 5, 15 minutes): a busy one slows both sides, not always alike.

@@ -1,4 +1,5 @@
-"""Serving: `gptkit serve` under 16 concurrent streaming clients against one request at a time.
+"""Serving, the gain from batching: `gptkit serve` under 16 concurrent streaming clients against the
+same requests one at a time (benchmarks/serve_peers.py compares it with the servers people run).
 
 GPT-2-small shape, random weights, fp32, greedy, NEW_TOKENS new tokens per request. The server runs as
 a subprocess on 127.0.0.1; the clients are asyncio tasks with httpx in this process.
@@ -303,7 +304,10 @@ def race(server: Server, prompts: list[list[int]], peer_decode: Callable, ours_d
 
 def throughput_rows(raced: dict) -> list[dict]:
     """The server's tok/s against each one-at-a-time peer, or both skipped with the race's reason."""
-    what = f"generated tok/s, {CLIENTS} streaming clients vs {ONE_AT_A_TIME}, GPT-2 small, fp32, greedy"
+    what = (
+        f"the gain from batching: generated tok/s, {CLIENTS} streaming clients vs {ONE_AT_A_TIME}, "
+        "GPT-2 small, fp32, greedy"
+    )
     peers = {
         "transformers": f"transformers GPT2LMHeadModel.generate (KV cache), {ONE_AT_A_TIME}",
         "gptkit": f"gptkit.generate (KV cache), {ONE_AT_A_TIME}",
