@@ -19,6 +19,7 @@ LAYERS = {
     "gptkit.hardware": 0,
     "gptkit.native": 0,  # the native decoding kernels: ctypes over a library built on first use
     "gptkit.hub": 0,  # names and folders → local paths, for every loader
+    "gptkit.progress": 0,  # progress bars drawn only on a terminal
     "gptkit.tokenizer": 1,
     "gptkit.data": 1,
     "gptkit.model": 2,
@@ -26,6 +27,10 @@ LAYERS = {
     "gptkit.model.task": 2,
     "gptkit.model.layouts": 2,
     "gptkit.train": 3,
+    # Choosing tokens and the decoding loop over a model, below training: generation fine-tuning
+    # scores its dev split by greedy answers. Text in and out, and loading, stay in generation's layer.
+    "gptkit.generation.sampling": 3,
+    "gptkit.generation.decode": 3,
     "gptkit.generation": 4,
     "gptkit.evaluate": 4,
     "gptkit.serve": 4,

@@ -8,6 +8,7 @@ where it is. Fields by task:
     similarity        text_a, text_b           label (a class, or a score with regression)
     multiple_choice   context, choices (list)  label (the index of the right choice)
                       question (optional)
+    generation        prompt, completion       (none: the completion is what the model learns to write)
 
 A question (story, question, answers) comes from RACE and from your own files; Story Cloze asks
 nothing, and MCTest's statements merge question and answer.
@@ -20,13 +21,16 @@ from typing import Literal
 
 from gptkit.data.formats import DataError
 
-Task = Literal["classification", "entailment", "similarity", "multiple_choice"]
-TASKS: tuple[str, ...] = ("classification", "entailment", "similarity", "multiple_choice")
+Task = Literal["classification", "entailment", "similarity", "multiple_choice", "generation"]
+TASKS: tuple[str, ...] = ("classification", "entailment", "similarity", "multiple_choice", "generation")
+# Tasks that learn to write text rather than to choose a label (no head, no label column).
+GENERATIVE_TASKS: tuple[str, ...] = ("generation",)
 TEXT_FIELDS: dict[str, tuple[str, ...]] = {
     "classification": ("text",),
     "entailment": ("premise", "hypothesis"),
     "similarity": ("text_a", "text_b"),
     "multiple_choice": ("context", "choices"),
+    "generation": ("prompt", "completion"),
 }
 # Fields a task can do without; an example carries one only when its file gives it.
 OPTIONAL_FIELDS: dict[str, tuple[str, ...]] = {"multiple_choice": ("question",)}

@@ -30,8 +30,10 @@ from gptkit.hardware import (
     resolve_precision,
 )
 from gptkit.model import GPT
+from gptkit.model.completion import is_generation_adapter, merged_generation_adapter
 from gptkit.model.layouts import QUANTIZATIONS, decoding_layout, load_int8
 from gptkit.tokenizer import END_OF_TEXT, GPT1_SPECIAL_TOKENS, Tokenizer
+from gptkit.tokenizer.chat_template import prompt_text, read_chat_template
 
 
 @dataclass
@@ -110,10 +112,18 @@ def load_for_generation(
         choice = resolve_precision(dtype, torch_device, "decoding" if decoding else "scoring")
     if verbose:
         print(f"device: {torch_device}; dtype: {choice.reason}", file=sys.stderr, flush=True)
+    adapter = is_generation_adapter(hub.resolve(model_dir))
+    if quantize == "int8" and adapter:
+        raise ValueError(f"{model_dir}: a LoRA adapter is quantized once merged: `gptkit finetune --merge`")
     if quantize == "int8":
         model = load_int8(model_dir, device=torch_device)  # each block quantized as it is read
     else:
-        model = GPT.from_pretrained(model_dir, dtype=choice.dtype, device=str(torch_device))
+        if adapter:  # a generation run's LoRA adapter, merged into its base
+            model = merged_generation_adapter(hub.resolve(model_dir)).to(
+                device=torch_device, dtype=choice.dtype
+            )
+        else:
+            model = GPT.from_pretrained(model_dir, dtype=choice.dtype, device=str(torch_device))
         if decoding and has_decoding_layout(choice.dtype, torch_device):
             # The same values, streamed faster on this CPU (gptkit.model.layouts).
             model = decoding_layout(model)
@@ -263,6 +273,13 @@ class GenerateConfig(InferenceConfig):
         default=False,
         metadata={"help": "Print GPT-1's raw token text (`did n't`) instead of text as written."},
     )
+    plain_prompt: bool = field(
+        default=False,
+        metadata={
+            "help": "Continue the prompt as it is written, not as a user's turn of the model's chat "
+            "template (a model fine-tuned with --task generation has one)."
+        },
+    )
 
 
 def generation_session(config: GenerateConfig, prompts: Iterable[str] | None = None) -> Iterator[str]:
@@ -276,12 +293,15 @@ def generation_session(config: GenerateConfig, prompts: Iterable[str] | None = N
     """
     model, tokenizer = config.load(config.model, config.tokenizer)
     generator = config.sampling.generator(next(model.parameters()).device)
+    # A model that declares a chat template answers prompts laid out as it was trained on them.
+    template = None if config.plain_prompt else read_chat_template(hub.resolve(config.model))
     if prompts is None:
         prompts = (line.rstrip("\n") for line in sys.stdin) if config.interactive else [config.prompt]
     for prompt in prompts:
+        text = prompt_text(template, prompt, END_OF_TEXT) if template and prompt else prompt
         for _ in range(config.num_samples):
-            yield prompt
+            yield text
             yield from stream_text(
-                model, tokenizer, prompt, params=config.sampling, raw=config.raw, generator=generator
+                model, tokenizer, text, params=config.sampling, raw=config.raw, generator=generator
             )
             yield "\n"

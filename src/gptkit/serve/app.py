@@ -25,15 +25,25 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gptkit.serve import endpoints
+from gptkit.serve.chat import chat_complete
 from gptkit.serve.config import ServeLimits
 from gptkit.serve.metrics import Metrics
-from gptkit.serve.models import CLASSIFY, COMPLETIONS, EMBEDDINGS, ServedModel
+from gptkit.serve.models import CHAT_COMPLETIONS, CLASSIFY, COMPLETIONS, EMBEDDINGS, ServedModel
 from gptkit.serve.openapi import openapi_document
 from gptkit.serve.protocol import APIError
 
 logger = logging.getLogger("gptkit.serve")
 
-_ENDPOINTS = {COMPLETIONS, CLASSIFY, "/classify", EMBEDDINGS, "/v1/models", "/health", "/metrics"}
+_ENDPOINTS = {
+    COMPLETIONS,
+    CHAT_COMPLETIONS,
+    CLASSIFY,
+    "/classify",
+    EMBEDDINGS,
+    "/v1/models",
+    "/health",
+    "/metrics",
+}
 
 
 class _RequestMetrics:
@@ -139,6 +149,10 @@ def _add_api_routes(
     @app.post(COMPLETIONS)
     async def completions(http: Request) -> Response:
         return await endpoints.complete(server, http)
+
+    @app.post(CHAT_COMPLETIONS)
+    async def chat_completions(http: Request) -> Response:
+        return await chat_complete(server, http)
 
     @app.post(CLASSIFY)
     @app.post("/classify")

@@ -60,7 +60,7 @@ _ENGINE_ERRORS = {  # an engine "error" event → the HTTP answer
 }
 
 
-def _engine_error(kind: str) -> APIError:
+def engine_error(kind: str) -> APIError:
     status, message, type_, code = _ENGINE_ERRORS[kind]
     return APIError(status, message, type=type_, code=code)
 
@@ -122,7 +122,7 @@ async def _read_body(http: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _read_json(http: Request, limit: int) -> Any:
+async def read_json_body(http: Request, limit: int) -> Any:
     """The request's JSON body (at most ``limit`` bytes)."""
     try:
         raw = await _read_body(http, limit)
@@ -137,7 +137,7 @@ async def _read_json(http: Request, limit: int) -> Any:
         ) from None
 
 
-def _served(server: ServerState, body: Any, endpoint: str) -> ServedModel:
+def served_model(server: ServerState, body: Any, endpoint: str) -> ServedModel:
     """The model a request names: 404 when none has that name, 400 when it does not answer ``endpoint``."""
     name = requested_model(body)
     model = server.models.get(name)
@@ -172,19 +172,14 @@ def _encode_prompts(engine: Engine, request: CompletionRequest) -> list[tuple[li
 async def complete(server: ServerState, http: Request) -> Response:
     """``POST /v1/completions``: check, queue, then answer whole or as a stream."""
     check_api_key(http, server.api_key)
-    body = await _read_json(http, server.limits.max_body_bytes)
-    served = _served(server, body, COMPLETIONS)
+    body = await read_json_body(http, server.limits.max_body_bytes)
+    served = served_model(server, body, COMPLETIONS)
     engine = served.engine
     request = parse_completion_request(body, server.limits, engine.model.config.total_vocab_size)
     logprobs = LogprobsWriter(engine.tokenizer)
     prompts = _encode_prompts(engine, request)
-    completion = _Completion(http, request, prompts, server.limits.request_timeout, engine.clock)
-    try:
-        engine.submit(completion.sequences)
-    except QueueFull as e:
-        raise APIError(429, str(e), type="rate_limit_exceeded", code="queue_full") from None
-    except EngineStopped as e:
-        raise APIError(503, str(e), type="server_error", code="shutting_down") from None
+    completion = Completion(http, request, prompts, server.limits.request_timeout, engine.clock)
+    submit(engine, completion)
     if request.stream:
         return StreamingResponse(
             _sse(completion, engine, served.name, logprobs),
@@ -195,7 +190,7 @@ async def complete(server: ServerState, http: Request) -> Response:
         pass
     for choice in completion.choices:
         if choice.error is not None:
-            raise _engine_error(choice.error)
+            raise engine_error(choice.error)
     if not all(choice.done for choice in completion.choices):  # the client left: nobody reads this
         return Response(status_code=499)
     writer = logprobs if request.params.logprobs is not None else None
@@ -211,11 +206,21 @@ async def complete(server: ServerState, http: Request) -> Response:
     )
 
 
+def submit(engine: Engine, completion: Completion) -> None:
+    """Queue a request's sequences: 429 when the queue has no room, 503 when shutting down."""
+    try:
+        engine.submit(completion.sequences)
+    except QueueFull as e:
+        raise APIError(429, str(e), type="rate_limit_exceeded", code="queue_full") from None
+    except EngineStopped as e:
+        raise APIError(503, str(e), type="server_error", code="shutting_down") from None
+
+
 async def classify(server: ServerState, http: Request) -> Response:
     """``POST /v1/classify``: the task's inputs → labels and probabilities, batched with other requests."""
     check_api_key(http, server.api_key)
-    body = await _read_json(http, server.limits.max_body_bytes)
-    served = _served(server, body, CLASSIFY)
+    body = await read_json_body(http, server.limits.max_body_bytes)
+    served = served_model(server, body, CLASSIFY)
     task = served.task
     request = parse_classify_request(body, server.limits, task.spec.task)
     try:
@@ -237,8 +242,8 @@ async def classify(server: ServerState, http: Request) -> Response:
 async def embed(server: ServerState, http: Request) -> Response:
     """``POST /v1/embeddings``: each input's h_n at its last token (see :mod:`gptkit.serve.models`)."""
     check_api_key(http, server.api_key)
-    body = await _read_json(http, server.limits.max_body_bytes)
-    served = _served(server, body, EMBEDDINGS)
+    body = await read_json_body(http, server.limits.max_body_bytes)
+    served = served_model(server, body, EMBEDDINGS)
     config = served.gpt.config
     request = parse_embedding_request(body, server.limits, config.total_vocab_size, config.d_model)
     sequences = []
@@ -281,8 +286,8 @@ async def _pool(batcher: Batcher, items: list, limits: ServeLimits, http: Reques
         raise APIError(429, str(e), type="rate_limit_exceeded", code="queue_full") from None
     except EngineStopped as e:
         raise APIError(503, str(e), type="server_error", code="shutting_down") from None
-    except asyncio.TimeoutError:
-        raise _engine_error("timeout") from None
+    except TimeoutError:
+        raise engine_error("timeout") from None
     except BatchFailed:
         raise APIError(500, "the model failed while running this request", type="server_error") from None
     finally:
@@ -298,12 +303,12 @@ def model_not_found(model: str) -> APIError:
     )
 
 
-def _sse_data(body: dict | str) -> str:
+def sse_data(body: dict | str) -> str:
     return f"data: {body if isinstance(body, str) else json.dumps(body)}\n\n"
 
 
 async def _sse(
-    completion: _Completion, engine: Engine, model: str, writer: LogprobsWriter
+    completion: Completion, engine: Engine, model: str, writer: LogprobsWriter
 ) -> AsyncIterator[str]:
     """The server-sent events of a streamed completion, ending in ``data: [DONE]``."""
     request = completion.request
@@ -313,7 +318,7 @@ async def _sse(
     for choice in completion.choices:
         offsets.append(0 if choice.echo else len(choice.prompt_text))
         if choice.echo and not with_logprobs:
-            yield _sse_data(chunk_body(*header, choice.index, choice.prompt_text))
+            yield sse_data(chunk_body(*header, choice.index, choice.prompt_text))
     async for events in completion.stream_events(engine):
         # One write for what came at once (a step's tokens of every choice).
         data = "".join(_event_data(completion, header, writer, offsets, with_logprobs, e) for e in events)
@@ -325,12 +330,12 @@ async def _sse(
         completion_tokens = sum(c.completion_tokens for c in completion.choices)
         last = chunk_body(*header, 0, "")
         last.update(choices=[], usage=usage(completion.prompt_tokens, completion_tokens))
-        yield _sse_data(last)
-    yield _sse_data("[DONE]")
+        yield sse_data(last)
+    yield sse_data("[DONE]")
 
 
 def _event_data(
-    completion: _Completion,
+    completion: Completion,
     header: tuple,
     writer: LogprobsWriter,
     offsets: list[int],
@@ -340,12 +345,12 @@ def _event_data(
     """The server-sent event of one engine event ("" for none); ``offsets`` move on."""
     choice = completion.choices[event.index]
     if event.error is not None:
-        return _sse_data(_engine_error(event.error).body())
+        return sse_data(engine_error(event.error).body())
     if event.prompt_logprobs is not None:  # echo with logprobs: the prompt and its scores first
         entries = list(zip(choice.prompt_ids, event.prompt_logprobs))
         pieces = writer.prompt_pieces(choice)
         logprobs, offsets[event.index] = writer.write(entries, offsets[event.index], pieces)
-        return _sse_data(chunk_body(*header, choice.index, choice.prompt_text, logprobs))
+        return sse_data(chunk_body(*header, choice.index, choice.prompt_text, logprobs))
     logprobs = None
     if with_logprobs and event.token_id is not None and event.logprob is not None:
         # The chunk's text is its token's: what the stream sends with it.
@@ -353,11 +358,11 @@ def _event_data(
             [(event.token_id, event.logprob)], offsets[event.index], [event.text]
         )
     if event.text or logprobs is not None or event.finish_reason is not None:
-        return _sse_data(chunk_body(*header, choice.index, event.text, logprobs, event.finish_reason))
+        return sse_data(chunk_body(*header, choice.index, event.text, logprobs, event.finish_reason))
     return ""
 
 
-class _Completion:
+class Completion:
     """The sequences of one ``/v1/completions`` request, and the events the engine sends them."""
 
     def __init__(
@@ -401,7 +406,7 @@ class _Completion:
             while pending:
                 try:
                     events = [await asyncio.wait_for(self.events.get(), _POLL_SECONDS)]
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     if await self.http.is_disconnected():
                         return
                     if self.clock() > self.deadline + 10 or not engine.alive:  # the engine is stuck

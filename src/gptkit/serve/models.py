@@ -30,6 +30,7 @@ from gptkit.generation import load_for_generation
 from gptkit.hardware import Precision, resolve_device, resolve_precision
 from gptkit.io import read_safetensors
 from gptkit.model import GPT
+from gptkit.model.completion import is_generation_adapter
 from gptkit.model.lora import AdapterSet, is_adapter_dir, read_adapter
 from gptkit.model.task import (
     HEAD_NAME,
@@ -46,8 +47,10 @@ from gptkit.serve.config import ServeLimits
 from gptkit.serve.engine import Engine
 from gptkit.serve.sizing import cache_pages, choose_max_batch
 from gptkit.tokenizer import Tokenizer, tokenizer_digest
+from gptkit.tokenizer.chat_template import read_chat_template
 
 COMPLETIONS, CLASSIFY, EMBEDDINGS = "/v1/completions", "/v1/classify", "/v1/embeddings"
+CHAT_COMPLETIONS = "/v1/chat/completions"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
 
 
@@ -63,6 +66,7 @@ class ServedModel:
     batchers: dict[str, Batcher]
     task: TaskModel | None = None  # a fine-tuned model
     engine: Engine | None = None  # a language model's decode loop (/v1/completions)
+    chat_template: str | None = None  # how /v1/chat/completions lays out messages (None: it refuses)
 
     @classmethod
     def create(
@@ -79,7 +83,7 @@ class ServedModel:
 
     @property
     def endpoints(self) -> tuple[str, ...]:
-        return (COMPLETIONS, EMBEDDINGS) if self.task is None else (CLASSIFY, EMBEDDINGS)
+        return (COMPLETIONS, CHAT_COMPLETIONS, EMBEDDINGS) if self.task is None else (CLASSIFY, EMBEDDINGS)
 
     def describe(self) -> str:
         """ "a language model", "a fine-tuned entailment model", ..."""
@@ -209,7 +213,9 @@ def load_model(
         gpt, tokenizer = load_for_generation(
             directory, tokenizer_dir, dtype=dtype, device=device, verbose=True, quantize=quantize
         )
-        return ServedModel.create(name, gpt, tokenizer, limits)
+        served = ServedModel.create(name, gpt, tokenizer, limits)
+        served.chat_template = read_chat_template(hub.resolve(directory))
+        return served
     if tokenizer_dir is not None:
         raise ValueError(
             f"{directory} is a fine-tuned model: it is served with its own tokenizer (no --tokenizer)"
@@ -228,7 +234,8 @@ def load_models(models: Mapping[str, str | Path], limits: ServeLimits, **options
     models = {name: hub.resolve(source) for name, source in models.items()}
     by_base: dict[Path, dict[str, Path]] = defaultdict(dict)
     for name, directory in models.items():
-        if is_adapter_dir(directory):
+        if is_adapter_dir(directory) and not is_generation_adapter(directory):
+            # A fine-tuned task's adapter; a generation run's is merged into its base (load_model).
             base = adapter_base_dir(Path(directory), read_task_info(Path(directory))).resolve()
             by_base[base][name] = Path(directory)
     served = {}

@@ -14,7 +14,7 @@ from typing import Any
 
 from gptkit.generation.sampling import MAX_LOGPROBS
 from gptkit.serve.config import ServeLimits
-from gptkit.serve.models import CLASSIFY, COMPLETIONS, EMBEDDINGS
+from gptkit.serve.models import CHAT_COMPLETIONS, CLASSIFY, COMPLETIONS, EMBEDDINGS
 from gptkit.serve.protocol import MAX_STOP_STRINGS
 
 JSON = "application/json"
@@ -117,6 +117,25 @@ def _completion_request(names: list[str], limits: ServeLimits, vocab_size: int) 
     )
 
 
+def _chat_request(names: list[str], limits: ServeLimits, vocab_size: int) -> dict:
+    """The completions request with ``messages`` for ``prompt``, and the chat API's own fields."""
+    body = _completion_request(names, limits, vocab_size)
+    properties = body["properties"]
+    for name in ("prompt", "echo", "best_of", "suffix", "logprobs"):
+        del properties[name]
+    message = {
+        "type": "object",
+        "required": ["role", "content"],
+        "properties": {"role": {"enum": ["system", "user", "assistant"]}, "content": {"type": "string"}},
+    }
+    properties["messages"] = {"type": "array", "items": message, "minItems": 1}
+    properties["max_completion_tokens"] = properties["max_tokens"]
+    properties["logprobs"] = _nullable({"type": "boolean"})
+    properties["top_logprobs"] = _nullable({"type": "integer", "minimum": 0, "maximum": MAX_LOGPROBS})
+    body["required"] = ["model", "messages"]
+    return body
+
+
 def _usage(*names: str) -> dict:
     count = {"type": "integer", "minimum": 0}
     return {"type": "object", "required": list(names), "properties": {name: count for name in names}}
@@ -159,6 +178,47 @@ _COMPLETION = _answer(
         ["text", "logprobs", "finish_reason"],
         text={"type": "string"},
         logprobs=_nullable(_LOGPROBS),
+        finish_reason={"enum": ["stop", "length"]},
+    ),
+    _usage("prompt_tokens", "completion_tokens", "total_tokens"),
+)
+_CHAT_TOKEN = {
+    "type": "object",
+    "required": ["token", "logprob", "bytes"],
+    "properties": {
+        "token": {"type": "string"},
+        "logprob": _nullable({"type": "number"}),
+        "bytes": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 255}},
+    },
+}
+_CHAT = _answer(
+    "chat.completion",
+    "choices",
+    _item(
+        ["message", "logprobs", "finish_reason"],
+        message={
+            "type": "object",
+            "required": ["role", "content"],
+            "properties": {"role": {"const": "assistant"}, "content": {"type": "string"}},
+        },
+        logprobs=_nullable(
+            {
+                "type": "object",
+                "required": ["content"],
+                "properties": {
+                    "content": {
+                        "type": "array",
+                        "items": {
+                            **_CHAT_TOKEN,
+                            "properties": {
+                                **_CHAT_TOKEN["properties"],
+                                "top_logprobs": {"type": "array", "items": _CHAT_TOKEN},
+                            },
+                        },
+                    }
+                },
+            }
+        ),
         finish_reason={"enum": ["stop", "length"]},
     ),
     _usage("prompt_tokens", "completion_tokens", "total_tokens"),
@@ -355,6 +415,11 @@ def openapi_document(models: list, limits: ServeLimits, key_required: bool) -> d
     if generators:
         request = _completion_request([m.name for m in generators], limits, vocab(generators))
         paths[COMPLETIONS] = _post("OpenAI's completions", request, _COMPLETION, stream=True)
+    chatters = serving(CHAT_COMPLETIONS)
+    if chatters:
+        request = _chat_request([m.name for m in chatters], limits, vocab(chatters))
+        post = _post("OpenAI's chat completions (models with a chat template)", request, _CHAT, stream=True)
+        paths[CHAT_COMPLETIONS] = post
     embedders = serving(EMBEDDINGS)
     if embedders:
         widths = [model.gpt.config.d_model for model in embedders]

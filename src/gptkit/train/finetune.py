@@ -10,9 +10,6 @@ The best dev-set model is kept at the top of the run directory, ready for
 from __future__ import annotations
 
 import dataclasses
-import math
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,11 +19,9 @@ import torch.nn as nn
 from gptkit import hub
 from gptkit.config import config_error
 from gptkit.data.batching import PAD_TO_MULTIPLE
-from gptkit.data.examples import Example
-from gptkit.data.formats import DataError
-from gptkit.data.registry import DATASETS, read_dataset
+from gptkit.data.examples import GENERATIVE_TASKS, Example
+from gptkit.data.registry import DATASETS
 from gptkit.data.sampler import EpochSampler
-from gptkit.data.tables import parse_columns, read_table
 from gptkit.data.tasks import (
     EncodedExample,
     TaskSpec,
@@ -36,7 +31,7 @@ from gptkit.data.tasks import (
     special_token_ids,
     task_metrics,
 )
-from gptkit.io import read_json, write_json
+from gptkit.io import write_json
 from gptkit.model import GPT
 from gptkit.model.lora import LoRASettings, add_lora
 from gptkit.model.task import TaskModel, lora_task_info, read_task_state, save_task_model
@@ -44,10 +39,10 @@ from gptkit.tokenizer import Tokenizer
 from gptkit.train.config import TrainConfig
 from gptkit.train.distributed import (
     DistributedContext,
-    full_model_state_dict,
     unwrap,
     wrap_model,
 )
+from gptkit.train.finetune_common import MERGED_DIR, BestModel, load_examples, trainable_parameters
 from gptkit.train.finetune_config import (
     FINETUNING_HELP,
     FinetuneConfig,
@@ -55,6 +50,7 @@ from gptkit.train.finetune_config import (
     paper_finetuning,
     resolved_training,
 )
+from gptkit.train.finetune_generation import finetune_generation
 from gptkit.train.loop import Trainer
 from gptkit.train.run import (
     base_vocab_size,
@@ -82,8 +78,6 @@ __all__ = [
     "resolved_training",
     "task_spec",
 ]
-
-MERGED_DIR = "merged"  # where --merge writes a LoRA run's full model, inside the run directory
 
 
 class ExampleBatches(EpochSampler):
@@ -117,55 +111,6 @@ class ExampleBatches(EpochSampler):
         return collate(batch, self.regression, PAD_TO_MULTIPLE, self.max_length)
 
 
-class BestModel:
-    """Keeps the model with the best dev score at the top of the run directory (and ``best.json``)."""
-
-    def __init__(self, out_dir: Path, metric: str, save_model, ctx: DistributedContext, resume: bool):
-        self.out_dir, self.metric, self.save_model, self.ctx = out_dir, metric, save_model, ctx
-        self.best: dict = {"score": -math.inf}
-        self.run_dir = RunDir(out_dir)
-        if resume and self.run_dir.best.exists():  # the best epoch before the interruption
-            self.best.update(read_json(self.run_dir.best))
-
-    def __call__(self, step: int, metrics: dict[str, float], model: nn.Module) -> None:
-        score = metrics.get(f"dev_{self.metric}", metrics.get("dev_accuracy", -math.inf))
-        if score <= self.best["score"]:
-            return
-        self.best.update(score=score, step=step, metrics=metrics)
-        # Every rank takes part in gathering the state (FSDP shards it); rank 0 writes it.
-        state = {k: v.detach().cpu() for k, v in full_model_state_dict(model, self.ctx).items()}
-        if self.ctx.is_main:
-            staging = self.run_dir.staging(self.run_dir.best)
-            self.save_model(staging, state)
-            for path in staging.iterdir():  # the model's files: a full model's, or a LoRA adapter's
-                os.replace(path, self.out_dir / path.name)
-            shutil.rmtree(staging, ignore_errors=True)
-            write_json(self.run_dir.best, self.best)
-
-
-def load_examples(config: FinetuneConfig, split: str) -> list[Example]:
-    """The train or dev split: the user's file or a named public dataset."""
-    path = config.train if split == "train" else config.dev
-    if path:
-        columns = parse_columns(config.columns)
-        examples = read_table(path, config.task, columns)
-        if not examples:
-            raise DataError(
-                f"{path}: no examples (the file is empty, or a header alone): nothing to {split} on"
-            )
-        unlabelled = [e for e in examples if e.label is None or not str(e.label).strip()]
-        if len(unlabelled) == len(examples):
-            label_column = columns.get("label", "label")
-            raise DataError(
-                f"{path}: no example has a label (column {label_column!r}); "
-                "name the label column with --columns label=NAME"
-            )
-        return examples
-    if config.dataset:
-        return read_dataset(config.dataset, split, config.data_dir)
-    raise ValueError(f"no {split} data: give --{split} FILE or --dataset NAME")
-
-
 def build_gpt(config: FinetuneConfig, tokenizer: Tokenizer, specials: dict[str, int]) -> GPT:
     """The transformer: pre-trained (``init``, keeping ``transfer_layers`` blocks) or new, with rows
     for the special tokens of the input transformations."""
@@ -190,12 +135,6 @@ def lora_info(config: FinetuneConfig, specials: dict[str, int]) -> dict:
     """What ``task.json`` records of a LoRA run, to rebuild its model from the base (none: full)."""
     settings = config.lora.settings()
     return {} if settings is None else lora_task_info(settings, config.model.init, min(specials.values()))
-
-
-def trainable_parameters(model: nn.Module) -> tuple[int, int]:
-    """(parameters trained, all parameters)."""
-    counts = [(p.numel(), p.requires_grad) for p in model.parameters()]
-    return sum(n for n, trained in counts if trained), sum(n for n, _ in counts)
 
 
 def with_dataset_task(config: FinetuneConfig) -> tuple[FinetuneConfig, str]:
@@ -247,6 +186,8 @@ def finetune(config: FinetuneConfig) -> dict:
     out_dir = Path(config.out)
     hub.ensure_available(config.model.init, tokenizer_dir)  # a name that cannot be had leaves no run folder
     with run_stage(out_dir, config.resume, "finetune", config.device) as ctx:
+        if config.task in GENERATIVE_TASKS:
+            return finetune_generation(config, tokenizer_dir, out_dir, ctx)
         return _finetune(config, metric, tokenizer_dir, out_dir, ctx)
 
 

@@ -97,7 +97,8 @@ class FinetuneConfig:
     task: str | None = field(
         default=None,
         metadata={
-            "help": "classification, entailment, similarity or multiple_choice (default: the dataset's)."
+            "help": "classification, entailment, similarity, multiple_choice, or generation: prompt → "
+            "completion, the loss on the completion (default: the dataset's)."
         },
     )
     dataset: str | None = field(default=None, metadata={"help": f"A public dataset: {', '.join(DATASETS)}."})
@@ -112,7 +113,8 @@ class FinetuneConfig:
         default=None,
         metadata={
             "help": "field=column,... e.g. premise=s1,hypothesis=s2,label=gold; for multiple choice "
-            "context=story,question=q,choices=a|b|c|d,label=answer (default: the field names)."
+            "context=story,question=q,choices=a|b|c|d,label=answer; for generation "
+            "prompt=question,completion=answer (default: the field names)."
         },
     )
     regression: bool = field(default=False, metadata={"help": "The label is a real-valued score (MSE loss)."})

@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from gptkit.hardware import matmul_peak_flops, resolve_precision
 from gptkit.io import write_json
+from gptkit.progress import hidden_unless_terminal
 from gptkit.train.budget import BudgetPlan, TimeBudget
 from gptkit.train.checkpointer import CheckpointConfig, Checkpointer, SaveModel, set_rng_state
 from gptkit.train.config import TrainConfig, parse_duration
@@ -141,6 +142,7 @@ class Trainer:
         self.tokens_seen = 0
         self.precision = resolve_precision(config.precision, self.ctx.device, "training")
         self.loss_scaler = LossScaler(self.precision.dtype, self.ctx.device)  # fp16's; else a plain step
+        self.nothing_to_learn = False  # the last batch had no target token (compute_gradients)
         self.optimizers = build_optimizers(
             unwrap(model),
             config.optimizer,
@@ -250,7 +252,7 @@ class Trainer:
             total=self.max_steps,
             initial=self.step,
             desc="training",
-            disable=not (config.progress and ctx.is_main),
+            disable=hidden_unless_terminal(config.progress and ctx.is_main),
             dynamic_ncols=True,
         )
         interrupted = False
@@ -360,7 +362,11 @@ class Trainer:
         # An fp16 gradient that overflowed is the loss scaler's to skip (apply_gradients); a loss
         # that is not finite is not a matter of scale.
         finite_norm = math.isfinite(norm_value) or self.loss_scaler.enabled
-        if not (math.isfinite(loss_value) and finite_norm):
+        if self.nothing_to_learn:  # a step would still move the weights (weight decay, momentum)
+            warnings.warn(f"step {self.step + 1}: no target token in the batch; update skipped", stacklevel=2)
+            self._zero_grad()
+            self.loss_scaler.discard()
+        elif not (math.isfinite(loss_value) and finite_norm):
             message = f"step {self.step + 1}: loss is {loss_value}, gradient norm is {norm_value}"
             self._zero_grad()
             self.loss_scaler.discard()
@@ -385,6 +391,7 @@ class Trainer:
         self.forward.train()
         total_loss = torch.zeros((), device=ctx.device)
         n_tokens = 0
+        targets = []  # each micro-batch's target tokens, from a model that counts them (CompletionModel)
         for i, micro in enumerate(micro_batches):
             micro = {
                 k: v.to(ctx.device, non_blocking=True) if isinstance(v, torch.Tensor) else v
@@ -393,10 +400,14 @@ class Trainer:
             n_tokens += micro["input_ids"].numel()
             with gradient_sync(self.model, sync=i == len(micro_batches) - 1):
                 with autocast(self.precision.dtype, ctx.device):
-                    loss = self.forward(**micro).loss / len(micro_batches)
+                    out = self.forward(**micro)
+                    loss = out.loss / len(micro_batches)
+                targets += [out.target_tokens.float()] if hasattr(out, "target_tokens") else []
                 self.loss_scaler.scale(loss).backward()
             total_loss += loss.detach().float()
         total_loss = ctx.all_reduce_mean(total_loss)
+        # Decided alike on every process, from every process's targets.
+        self.nothing_to_learn = bool(targets) and float(ctx.all_reduce_mean(sum(targets))) == 0.0
         self.loss_scaler.unscale(self.optimizers)
         if config.grad_clip > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)
