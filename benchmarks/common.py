@@ -18,6 +18,9 @@ DATA = Path(os.environ.get("GPTKIT_DATA", REPO.parent / "shared" / "data"))
 TIME_LIMIT_S = float(os.environ.get("GPTKIT_BENCH_TIME_LIMIT_S", "600"))
 # Where the benchmarks that take a device run (benchmarks/gpu.sh sets cuda); cpu by default.
 DEVICE = os.environ.get("GPTKIT_BENCH_DEVICE", "cpu")
+# How busy the machine was before the benchmark began (it imports this module first): at the end,
+# the load average also counts the benchmark's own threads.
+LOAD_AT_START = [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
 
 
 def synchronize() -> None:
@@ -36,24 +39,10 @@ def machine() -> str:
 
 
 def commit() -> str | None:
-    """The commit measured, with "+changes" where the checkout differs from it; None outside git."""
-    import subprocess
+    """The commit measured ("+changes" where the checkout differs from it)."""
+    from gptkit.testing.provenance import source_commit
 
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=30, check=True
-        ).stdout.strip()
-        changed = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return head + ("+changes" if changed else "")
+    return source_commit(REPO)
 
 
 def median(values: list[float]) -> float:
@@ -128,6 +117,7 @@ def emit(name: str, comparisons: list[dict], **extra) -> None:
         "hardware": describe(),
         # How busy the machine was (1, 5, 15 minutes): a busy one slows both sides, not always alike.
         "load_average": [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None,
+        "load_average_at_start": LOAD_AT_START,
         "comparisons": comparisons,
         **extra,
     }

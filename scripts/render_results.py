@@ -40,9 +40,11 @@ AREAS = {
     "generate_throughput_avx2_cpu": "Decoding on a CPU without AVX-512",
     "decode_products": "A decoding step's products, kernel by kernel",
     "decode_products_avx2_cpu": "A decoding step's products, kernel by kernel, on a CPU without AVX-512",
-    "serve_throughput": "Serving",
+    "serve_peers": "Serving against the servers people run",
+    "serve_throughput": "Serving: the gain from batching",
     "serve_classify": "Serving task models under load",
     "serve_adapters_memory": "Many adapters, one base: resident memory",
+    "generation_finetune": "Fine-tuning to answer: prompt → completion",
     "evaluate_throughput": "Evaluation",
     "harness_throughput": "lm-evaluation-harness",
     "lora_finetune": "LoRA against full fine-tuning",
@@ -142,6 +144,31 @@ METHODS = {
         threads: gptkit's native products against the kernels a user could pick at the same
         precision. The fraction of the {bandwidth_kind} bandwidth ({memory_bandwidth_gb_s} GB/s in
         the same run) each kernel reaches: {bandwidth_fraction_text}.""",
+    "serve_peers": """
+        Tokens/s: generated tokens a second in each round's steady state (from the moment every client
+        has its first token to the moment the first client has its last), the median of
+        {setup[rounds]} rounds and their least–most; a ratio is gptkit's median over the peer's. GPT-2
+        small's shape with random weights, streamed greedy `/v1/completions` of
+        {setup[new_tokens]} new tokens, each client sending its requests one after another
+        ({requests_text}). The servers of a precision start together and alternate round by round, the others
+        stopped (SIGSTOP); each at its own default threads. gptkit: `gptkit serve --max-batch CLIENTS`
+        (fp32, bf16, `--quantize int8`); transformers: `transformers serve --continuous-batching
+        --dtype float32|bfloat16` at its `--cb-*` defaults (with them its KV cache is sized from the
+        host's free memory, hence its RSS; it has no int8); llama-server: `--parallel CLIENTS
+        --cont-batching` on the GGUF files `gptkit export` writes (f32, bf16, q8_0), built from the
+        llama.cpp of the pinned llama-cpp-python. First token: over every request of every round. The
+        load generator (raw asyncio streams, one process) used at most {client_cpu_fraction_max:.0%} of
+        a core; load average {load_average_at_start[0]:.2f} at the start. Every figure of every round,
+        gptkit's per-phase engine timers included, is in `results/serve_peers.json`.""",
+    "generation_finetune": """
+        A byte-level BPE of 8,000 tokens on the demo's books, `--recipe minutes` pre-training for
+        {setup[pretrain_seconds]} s, then `gptkit finetune --task generation --dataset sst2` (each
+        sentence → `negative` or `positive`): {setup[train_examples]} sentences, {setup[epochs]}
+        epochs, lr {setup[lr]}, λ = {setup[lm_coef]}, the best epoch chosen by exact match on the dev
+        split's first {setup[select_examples]} (there {selection[dev_exact_match]:.3f}). Held out: the
+        next dev sentences, asked of the tuned model and of the pre-trained model untuned through the
+        same chat template, greedy; the format is one of the two words. ± the standard error over
+        the sentences.""",
     "serve_throughput": """
         `{setup[server]}`; {setup[clients]} asyncio clients each stream {setup[requests_per_client]}
         requests of {setup[new_tokens]} new tokens, against the same requests one at a time through
@@ -235,12 +262,36 @@ def heading(record: dict) -> list[str]:
     return [f"### {title(record)}", ""]
 
 
+def cores(record: dict) -> int:
+    """The cores the benchmark ran on (its threads), 2 where an old record does not say."""
+    return int(record.get("hardware", {}).get("cpu", {}).get("threads") or 2)
+
+
+def loaded(record: dict) -> bool:
+    """Whether other work kept the machine busier than its cores while the record was taken: both
+    sides of a comparison then slowed, not always alike. Judged by the load average (over 1 minute)
+    before the benchmark began where the record has it (at the end the benchmark's own threads
+    count too), else by the 5-minute figure at the end. The README quotes no figure of such a record
+    (tests/test_docs.py)."""
+    start, end = record.get("load_average_at_start"), record.get("load_average")
+    if start:
+        return start[0] > cores(record)
+    return bool(end) and end[1] > cores(record)
+
+
 def provenance(record: dict) -> str:
     """When and on what the record was taken: a line of its own, opening the paragraph under the table."""
-    load, date = record.get("load_average"), record.get("date")
-    return f"Measured {f'{date} ' if date else ''}on {record['machine']}; {hardware(record)}" + (
-        f"; load average {load[1]:.1f} over the last 5 minutes." if load else "."
-    )
+    load, date, commit = record.get("load_average"), record.get("date"), record.get("commit")
+    start = record.get("load_average_at_start")
+    line = f"Measured {f'{date} ' if date else ''}on {record['machine']}; {hardware(record)}"
+    if start:
+        line += f"; load average {start[0]:.1f} before it began"
+    if load:
+        line += f"{',' if start else '; load average'} {load[1]:.1f} over its last 5 minutes"
+    line += f"; commit {commit[:10]}{'+changes' * commit.endswith('+changes')}." if commit else "."
+    if loaded(record):
+        line += f" **Loaded**: busier than its {cores(record)} cores while measured; rerun before quoting it."
+    return line
 
 
 def title(record: dict) -> str:
@@ -263,6 +314,10 @@ def table(record: dict) -> list[str]:
         return paper_table(record)
     if record["benchmark"] == "memory_estimate":
         return estimate_table(record)
+    if record["benchmark"] == "serve_peers":
+        return serve_peers_table(record)
+    if record["benchmark"] == "generation_finetune":
+        return generation_table(record)
     lines = [*heading(record), "| what | gptkit | peer | ratio |", "|---|---:|---|---:|"]
     return [*lines, *comparison_rows(record["comparisons"]), "", *method(record)]
 
@@ -352,6 +407,14 @@ def method(record: dict) -> list[str]:
             **record,
             "bandwidth_fraction_text": "; ".join(f"{kernel} {value:.2f}" for kernel, value in fractions),
         }
+    if name == "serve_peers":  # each load's requests a client, in words
+        setup = record["setup"]
+        per_load = [
+            f"{setup['requests_per_client'][c]} a client at {c} client{'s' * (c != '1')} after "
+            f"{setup['warmup_requests_per_client'][c]} to warm up"
+            for c in setup["requests_per_client"]
+        ]
+        record = {**record, "requests_text": "; ".join(per_load)}
     lines = [provenance(record)]
     for paragraph in textwrap.dedent(template).strip().format_map(record).split("\n\n"):
         if paragraph.startswith("#"):
@@ -363,6 +426,80 @@ def method(record: dict) -> list[str]:
 
 def wrapped(text: str) -> list[str]:
     return textwrap.wrap(" ".join(text.split()), 100, break_long_words=False, break_on_hyphens=False)
+
+
+# serve_peers.py's servers, in its order, with the column names of its table.
+SERVING_PEERS = {"transformers": "transformers serve --continuous-batching", "llama": "llama-server"}
+
+
+def serve_peers_table(record: dict) -> list[str]:
+    """A row per precision and load: gptkit's tok/s (median and spread of the rounds), each peer's
+    with the ratio gptkit/peer ("on par" where the spreads overlap), then time to first token (p95)
+    and peak RSS, each in the order gptkit, transformers, llama-server; a server that did not run
+    says why."""
+    lines = [
+        *heading(record),
+        "| precision | clients | gptkit, tok/s | "
+        + " | ".join(SERVING_PEERS.values())
+        + " | first token p95 (s): gptkit; transformers; llama-server | peak RSS (MiB), the same order |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for precision, loads in record["servers"].items():
+        for clients, servers in loads.items():
+            ours = servers.get("gptkit", {})
+            cells = [_served(ours)]
+            for name in SERVING_PEERS:
+                peer = servers.get(name)
+                cells.append("—" if peer is None else _served(peer, against=ours))
+            named = ["gptkit", *SERVING_PEERS]
+            ttfts = [(servers.get(n) or {}).get("ttft_s") or {} for n in named]
+            rss = [(servers.get(n) or {}).get("peak_rss_mib") for n in named]
+            cells.append("; ".join(number(t.get("p95")) for t in ttfts))
+            cells.append("; ".join(number(r) for r in rss))
+            lines.append(f"| {precision} | {clients} | " + " | ".join(cells) + " |")
+    return [*lines, "", *method(record)]
+
+
+def _served(server: dict, against: dict | None = None) -> str:
+    """A server's generated tok/s with its rounds' spread, against gptkit's where ``against`` is it."""
+    if server.get("skipped") or "tok_s" not in server:
+        return f"skipped: {server.get('skipped', 'no steady-state window')}"
+    rate = server["tok_s"]
+    cell = f"{number(rate['median'])} ({spread([rate['min'], rate['max']])})"
+    if against is None or "tok_s" not in against:
+        return cell
+    ours = against["tok_s"]
+    ratio = ours["median"] / rate["median"]
+    overlap = not (ours["min"] > rate["max"] or rate["min"] > ours["max"])
+    return cell + f", **{ratio:.2f}×**" + (" (on par: the spreads overlap)" if overlap else "")
+
+
+def generation_table(record: dict) -> list[str]:
+    """The tuned model against the same model untuned on held-out prompts: the share of answers in the
+    completion's format and of right answers, ± their standard errors; then a few answers of each."""
+    figures, n = record["figures"], record["held_out"]
+
+    def cell(pair: list[float]) -> str:
+        return f"{pair[0]:.3f} ± {pair[1]:.3f}"
+
+    lines = [
+        *heading(record),
+        f"| {n} held-out prompts | tuned | untuned |",
+        "|---|---:|---:|",
+        f"| answers in the format | {cell(figures['tuned']['in_format'])} | {cell(figures['untuned']['in_format'])} |",
+        f"| right answers (majority class {record['majority_class']:.3f}) | {cell(figures['tuned']['right'])} | "
+        f"{cell(figures['untuned']['right'])} |",
+        "",
+        "| prompt | reference | tuned | untuned |",
+        "|---|---|---|---|",
+    ]
+    for sample in record["samples"]:
+        cells = [
+            sample[k].replace("|", "\\|").replace("\n", " ") or "(nothing)"
+            for k in ("prompt", "reference", "tuned", "untuned")
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, "", *method(record)]
 
 
 def estimate_table(record: dict) -> list[str]:
@@ -479,6 +616,7 @@ def keep(kind: str, source: Path, results: Path = RESULTS) -> Path:
     its figures, the machine and the run's date, without paths or samples."""
     from gptkit.hardware import describe, machine_summary
     from gptkit.io import write_json
+    from gptkit.testing.provenance import source_commit
 
     run = json.loads(source.read_text(encoding="utf-8"))
     record = {
@@ -487,6 +625,7 @@ def keep(kind: str, source: Path, results: Path = RESULTS) -> Path:
         "date": datetime.date.fromtimestamp(source.stat().st_mtime).isoformat(),
         "machine": machine_summary(),
         "hardware": describe(),
+        "commit": source_commit(REPO),
     }
     if kind == "demo":
         record |= {
