@@ -57,12 +57,19 @@ $(DEMO_STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP)
 
+# Without ../shared/data, the tests' public data is fetched into data/ first (a few MB); where it
+# cannot be (no network), the tests that need it skip, each naming the command that fetches it.
+TEST_DATA = test -d "$(DATA)/gpt2_bpe" -a -d "$(DATA)/gutenberg" || $(PYTHON) -m gptkit data fetch --all \
+	--out "$(DATA)" || echo "could not fetch the public data into $(DATA): the tests that read it will skip"
+
 test: $(STAMP)
+	@$(TEST_DATA)
 	GPTKIT_DATA=$(DATA) $(PYTHON) -m pytest -n $(WORKERS) --dist loadfile
 
 # The suite less its slowest tests (marked slow: a demo, training processes, servers): about 75 s
 # on 2 cores, for the edit-test loop; `make test` before a commit still runs them all.
 test-fast: $(STAMP)
+	@$(TEST_DATA)
 	GPTKIT_DATA=$(DATA) $(PYTHON) -m pytest -m "not slow" -n $(WORKERS) --dist loadfile
 
 demo: $(DEMO_STAMP)

@@ -37,7 +37,10 @@ def data_dir() -> Path:
             pytest.fail(
                 f"shared data not found at {DATA_DIR}: CI must run with ../shared beside the checkout"
             )
-        pytest.skip(f"shared data not found at {DATA_DIR} (set GPTKIT_DATA)")
+        pytest.skip(
+            f"the public data is not at {DATA_DIR}: `gptkit data fetch --all --out {DATA_DIR}` "
+            "fetches it (`make test` does, where the network allows), or set GPTKIT_DATA"
+        )
     return DATA_DIR
 
 

@@ -30,6 +30,7 @@ from tqdm import tqdm
 
 from gptkit.data.registry import REGISTRY, Archive, Dataset, Source
 from gptkit.io import atomic_write, file_sha256
+from gptkit.progress import hidden_unless_terminal
 
 RAW = "https://raw.githubusercontent.com/{repo}/{commit}/{path}"
 
@@ -45,7 +46,13 @@ def _download(url: str, destination: Path, progress: bool = False) -> None:
                 shutil.copyfileobj(response, f)
                 return
             total = int(response.headers.get("Content-Length") or 0) or None
-            with tqdm(total=total, unit="B", unit_scale=True, desc=destination.name) as bar:
+            with tqdm(
+                total=total,
+                unit="B",
+                unit_scale=True,
+                desc=destination.name,
+                disable=hidden_unless_terminal(),
+            ) as bar:
                 for block in iter(lambda: response.read(1 << 20), b""):
                     f.write(block)
                     bar.update(len(block))
@@ -97,7 +104,9 @@ def _extract(name: str, archive: Archive, path: Path, out_dir: Path) -> list[Pat
         # Every name is checked before the first file is written, so a bad archive leaves nothing.
         checked = [(_member_path(member, path), regular, opener) for member, regular, opener in members]
         root = out_dir.resolve()
-        for member, regular, opener in tqdm(checked, desc=f"extracting {name}", unit="member"):
+        for member, regular, opener in tqdm(
+            checked, desc=f"extracting {name}", unit="member", disable=hidden_unless_terminal()
+        ):
             if not regular or _is_mac_metadata(member):
                 continue
             text = member.as_posix()
@@ -177,7 +186,7 @@ def fetch(names: list[str], out_dir: str | Path, mirror: str | Path | None = Non
         for local in REGISTRY[name].local_files
     ]
     written = []
-    for source, local in tqdm(jobs, desc="fetching", unit="file", disable=not jobs):
+    for source, local in tqdm(jobs, desc="fetching", unit="file", disable=hidden_unless_terminal(bool(jobs))):
         destination = out_dir / local
         if destination.exists():
             continue

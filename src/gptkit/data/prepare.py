@@ -35,6 +35,7 @@ from gptkit.data.corpus import (
 from gptkit.data.shards import META_NAME
 from gptkit.data.tokenizing import default_workers, encoded_here, encoded_in_pool, encoder_for
 from gptkit.io import DISK_ERRNOS, free_space, write_json, writer_lock
+from gptkit.progress import hidden_unless_terminal
 from gptkit.tokenizer import Tokenizer, tokenizer_digest
 
 
@@ -277,7 +278,11 @@ def _write_splits(encoded: Iterator, out_dir: Path, total_bytes: int, show_progr
         with (
             contextlib.closing(encoded),  # on an error, the pool's workers stop at once
             tqdm(
-                total=total_bytes, unit="B", unit_scale=True, desc="tokenizing", disable=not show_progress
+                total=total_bytes,
+                unit="B",
+                unit_scale=True,
+                desc="tokenizing",
+                disable=hidden_unless_terminal(show_progress),
             ) as bar,
         ):
             for split, n_bytes, ids in encoded:

@@ -20,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from gptkit.io import read_json_object, write_json
+from gptkit.progress import hidden_unless_terminal
 from gptkit.tokenizer import tokenizer_digest
 
 META_NAME = "meta.json"
@@ -191,7 +192,11 @@ def combine(shard_dirs: Sequence[str | Path], out_dir: str | Path, show_progress
     )
     try:
         with tqdm(
-            total=total_bytes, unit="B", unit_scale=True, desc="combining", disable=not show_progress
+            total=total_bytes,
+            unit="B",
+            unit_scale=True,
+            desc="combining",
+            disable=hidden_unless_terminal(show_progress),
         ) as bar:
             for split in splits:
                 with open(tmp_paths[split], "wb") as out:

@@ -17,8 +17,17 @@ def verdict(result: dict) -> str:
     return "established the other way: from scratch is better here"
 
 
+def accuracies(result: dict) -> str:
+    """Where both sides stand on their own, beside the score of always answering the commonest class
+    (the difference alone hides that both may sit near chance)."""
+    return (
+        f"pre-trained {result['pretrained']:.3f}, from scratch {result['from_scratch']:.3f}, "
+        f"majority class {result['majority_class']:.3f}"
+    )
+
+
 def headline(name: str, result: dict) -> str:
-    """A task's finding in one line."""
+    """A task's finding in one line: the sides' scores (means over seeds), then their difference."""
     difference = f"{result['difference']:+.3f}"
     if result["seeds"] > 1:
         difference += (
@@ -26,7 +35,7 @@ def headline(name: str, result: dict) -> str:
             f"{result['threshold'] * result['stderr']:.3f})"
         )
     return (
-        f"  {name}: pre-trained − from scratch {difference} over {result['seeds']} "
+        f"  {name}: {accuracies(result)}; pre-trained − from scratch {difference} over {result['seeds']} "
         f"seed{'s' if result['seeds'] > 1 else ''} and {result['examples']} examples: {verdict(result)}"
     )
 

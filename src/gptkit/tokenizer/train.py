@@ -17,6 +17,7 @@ from typing import Literal
 from tqdm import tqdm
 
 from gptkit.io import write_json
+from gptkit.progress import hidden_unless_terminal
 from gptkit.tokenizer.base import Tokenizer
 from gptkit.tokenizer.bpe import write_merges
 from gptkit.tokenizer.bytelevel import END_OF_TEXT, ByteLevelTokenizer, byte_to_char
@@ -36,7 +37,9 @@ NEWLINE_SYMBOL = "\n" + END_OF_WORD
 def _lines(files: Sequence[str | Path], desc: str) -> Iterator[str]:
     """Stream the corpus a line at a time, with a progress bar over bytes read."""
     total = sum(Path(f).stat().st_size for f in files)
-    with tqdm(total=total, unit="B", unit_scale=True, desc=desc, leave=False) as bar:
+    with tqdm(
+        total=total, unit="B", unit_scale=True, desc=desc, leave=False, disable=hidden_unless_terminal()
+    ) as bar:
         for path in files:
             with open(path, encoding="utf-8", errors="replace") as f:
                 for line in f:
