@@ -326,7 +326,8 @@ def test_models_lists_every_model_with_what_it_answers(server):
     client = openai.OpenAI(base_url=f"{server.base}/v1", api_key=KEY, max_retries=0, timeout=60)
     assert [m.id for m in client.models.list().data] == ["lm", *TASKS]
     cards = {card["id"]: card for card in httpx.get(f"{server.base}/v1/models", headers=AUTH).json()["data"]}
-    assert cards["lm"]["endpoints"] == ["/v1/completions", "/v1/embeddings"] and "task" not in cards["lm"]
+    lm_endpoints = ["/v1/completions", "/v1/chat/completions", "/v1/embeddings"]
+    assert cards["lm"]["endpoints"] == lm_endpoints and "task" not in cards["lm"]
     assert cards["rte"]["endpoints"] == ["/v1/classify", "/v1/embeddings"]
     assert (cards["rte"]["task"], cards["rte"]["labels"]) == ("entailment", LABELS["rte"])
     assert (cards["sts"]["task"], cards["sts"]["regression"]) == ("similarity", True)

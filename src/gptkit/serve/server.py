@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 from gptkit.serve.config import ServeConfig
 from gptkit.serve.models import load_models, name_models
@@ -77,12 +78,21 @@ def restart_with_sleeping_threads() -> None:
     (libgomp, read once as it loads) keeps its threads spinning for a while after every region: in
     a server, after every step, they spin on the cores the event loop and the clients need (16
     streaming clients, fp32 GPT-2 small, 2 cores: 2-3% more tokens a second with them asleep,
-    alternating). The native step's own barrier already sleeps after a bounded spin (team.h). Not
-    from Python's own ``run_server``: a caller's process is the caller's."""
-    if "OMP_WAIT_POLICY" in os.environ or getattr(sys, "frozen", False):
+    alternating). The native step's own barrier already sleeps after a bounded spin (team.h). Only
+    where this process is the ``gptkit`` command itself: a program that calls ``run_server`` or
+    ``gptkit.cli.main`` keeps its process."""
+    if "OMP_WAIT_POLICY" in os.environ or getattr(sys, "frozen", False) or not _running_as_the_command():
         return
     environment = {**os.environ, "OMP_WAIT_POLICY": "passive"}
     os.execve(sys.executable, [sys.executable, "-m", "gptkit", *sys.argv[1:]], environment)
+
+
+def _running_as_the_command() -> bool:
+    """Whether this process is ``gptkit ...``: the console script, or ``python -m gptkit``."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None:
+        return spec.name in ("gptkit", "gptkit.__main__")
+    return Path(sys.argv[0]).name == "gptkit"
 
 
 def _is_loopback(host: str) -> bool:
