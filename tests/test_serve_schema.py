@@ -55,8 +55,8 @@ def test_the_document_names_every_endpoint_and_its_answers(models, tmp_path):
     finally:
         server.kill()
     assert set(document["paths"]) == {
-        "/health", "/metrics", "/v1/models", "/v1/models/{name}", "/v1/completions", "/v1/embeddings",
-        "/v1/classify",
+        "/health", "/metrics", "/v1/models", "/v1/models/{name}", "/v1/completions", "/v1/chat/completions",
+        "/v1/embeddings", "/v1/classify",
     }  # fmt: skip
     completions = document["paths"]["/v1/completions"]["post"]
     assert completions["requestBody"]["content"]["application/json"]["schema"]["properties"]["model"][
