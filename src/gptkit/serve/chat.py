@@ -14,7 +14,6 @@ before it.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -29,6 +28,7 @@ from gptkit.serve.endpoints import (
     ServerState,
     check_api_key,
     engine_error,
+    finished,
     read_json_body,
     served_model,
     sse_data,
@@ -123,12 +123,7 @@ async def chat_complete(server: ServerState, http: Request) -> Response:
         return StreamingResponse(
             answer.events(engine), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
         )
-    async for _ in completion.stream_events(engine):
-        pass
-    for choice in completion.choices:
-        if choice.error is not None:
-            raise engine_error(choice.error)
-    if not all(choice.done for choice in completion.choices):  # the client left: nobody reads this
+    if not await finished(completion, engine):  # the client left: nobody reads this
         return Response(status_code=499)
     return JSONResponse(answer.whole())
 
@@ -139,11 +134,15 @@ class ChatAnswer:
     def __init__(self, completion: Completion, tokenizer: Tokenizer, model: str, with_logprobs: bool):
         self.completion, self.tokenizer, self.model = completion, tokenizer, model
         self.with_logprobs = with_logprobs
-        self.created = int(time.time())
         self.started = [False] * len(completion.choices)  # a choice's first text is sent
 
     def _header(self, kind: str) -> dict[str, Any]:
-        return {"id": self.completion.id, "object": kind, "created": self.created, "model": self.model}
+        return {
+            "id": self.completion.id,
+            "object": kind,
+            "created": self.completion.created,
+            "model": self.model,
+        }
 
     def _logprobs(self, scored: list, pieces: list[str]) -> dict[str, Any]:
         content = []

@@ -186,12 +186,7 @@ async def complete(server: ServerState, http: Request) -> Response:
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
-    async for _ in completion.stream_events(engine):
-        pass
-    for choice in completion.choices:
-        if choice.error is not None:
-            raise engine_error(choice.error)
-    if not all(choice.done for choice in completion.choices):  # the client left: nobody reads this
+    if not await finished(completion, engine):  # the client left: nobody reads this
         return Response(status_code=499)
     writer = logprobs if request.params.logprobs is not None else None
     return JSONResponse(
@@ -204,6 +199,17 @@ async def complete(server: ServerState, http: Request) -> Response:
             writer,
         )
     )
+
+
+async def finished(completion: Completion, engine: Engine) -> bool:
+    """Wait for a request that does not stream: True when every choice is done, False when the
+    client left first; an engine error becomes its HTTP error."""
+    async for _ in completion.stream_events(engine):
+        pass
+    for choice in completion.choices:
+        if choice.error is not None:
+            raise engine_error(choice.error)
+    return all(choice.done for choice in completion.choices)
 
 
 def submit(engine: Engine, completion: Completion) -> None:
