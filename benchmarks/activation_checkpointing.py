@@ -4,8 +4,7 @@ selective and full, in one run.
 GPT-2 small's shape pre-trained at batch 8 × 256 in fp32 (dropout 0.1, AdamW), one process, through
 the Trainer's own step (benchmarks/memory_estimate.py's worker: a fresh process per measurement,
 two updates, the second timed; its peak is malloc's bytes in use above the start, its resident set
-beside it). The three modes alternate, ROUNDS times; each keeps its fastest round (the machine is
-shared). The estimate of the same update (`gptkit estimate pretrain ... --target cpu`) is recorded
+beside it). The three modes alternate, ROUNDS rounds; medians, with each mode's least and most. The estimate of the same update (`gptkit estimate pretrain ... --target cpu`) is recorded
 beside each measurement. ``ratio``: none's figure over the mode's (memory: higher is a larger
 saving; time: below 1 is the recomputation's cost).
 """
@@ -14,50 +13,55 @@ from __future__ import annotations
 
 import sys
 
-from common import comparison, emit
+from common import emit, median, spread_comparison
 from memory_estimate import BATCH, LENGTH, MB, measured_in_fresh_process, simulation
 
 MODES = ("none", "selective", "full")
-SHAPE, STAGE, ROUNDS = "gpt2 small", "pretrain", 2
+SHAPE, STAGE, ROUNDS = "gpt2 small", "pretrain", 5
 
 
 def main() -> None:
     from gptkit.train.estimate import estimate
 
-    best: dict[str, dict] = {}
+    runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
     for _ in range(ROUNDS):
         for mode in MODES:
-            result = measured_in_fresh_process(SHAPE, STAGE, mode)
-            print(mode, result, file=sys.stderr, flush=True)
-            if mode not in best or result["cpu_s_per_update"] < best[mode]["cpu_s_per_update"]:
-                best[mode] = result
+            runs[mode].append(measured_in_fresh_process(SHAPE, STAGE, mode))
+            print(mode, runs[mode][-1], file=sys.stderr, flush=True)
+
+    def figures(mode: str, key: str, scale: float = 1.0) -> list[float]:
+        return [run[key] / scale for run in runs[mode]]
+
     rows = {}
     for mode in MODES:
         estimated = estimate(simulation(SHAPE, STAGE, mode))
         rows[mode] = {
-            "peak_mb": round(best[mode]["peak_bytes"] / MB),
-            "peak_rss_mb": round(best[mode]["peak_rss_bytes"] / MB),
+            "peak_mb": round(median(figures(mode, "peak_bytes", MB))),
+            "peak_rss_mb": round(median(figures(mode, "peak_rss_bytes", MB))),
             "estimated_peak_mb": round(estimated.peak_bytes / MB),
             "estimated_activations_mb": round(estimated.by_category["activations"] / MB),
-            "cpu_s_per_update": best[mode]["cpu_s_per_update"],
-            "wall_s_per_update": best[mode]["wall_s_per_update"],
+            "cpu_s_per_update": median(figures(mode, "cpu_s_per_update")),
+            "wall_s_per_update": median(figures(mode, "wall_s_per_update")),
         }
-    none = rows["none"]
     comparisons = []
     for mode in ("selective", "full"):
-        row = rows[mode]
         what = f"{mode} checkpointing, GPT-2 small, batch {BATCH} × {LENGTH}, fp32"
         comparisons += [
-            comparison(
-                f"peak memory, {what}", "MB", row["peak_mb"], "no checkpointing", none["peak_mb"], False
+            spread_comparison(
+                f"peak memory, {what}",
+                "MB",
+                figures(mode, "peak_bytes", MB),
+                "no checkpointing",
+                figures("none", "peak_bytes", MB),
+                higher_is_better=False,
             ),
-            comparison(
+            spread_comparison(
                 f"CPU time per update, {what}",
                 "s",
-                row["cpu_s_per_update"],
+                figures(mode, "cpu_s_per_update"),
                 "no checkpointing",
-                none["cpu_s_per_update"],
-                False,
+                figures("none", "cpu_s_per_update"),
+                higher_is_better=False,
             ),
         ]
     emit("activation_checkpointing", comparisons, rows=rows, batch=BATCH, length=LENGTH, rounds=ROUNDS)

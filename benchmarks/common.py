@@ -76,6 +76,32 @@ def skipped(what: str, unit: str, peer: str, reason: str) -> dict:
     }
 
 
+def with_spread(row: dict, ours: list[float], peer: list[float]) -> dict:
+    """``row`` (its figures the medians of ``ours`` and ``peer``) with each side's spread over the
+    rounds (least, most) and ``on_par``: whether the two spreads overlap, where a ratio says nothing
+    a rerun would keep (the README then says "on par")."""
+    row["rounds"] = len(ours)
+    row["ours_spread"] = [round(min(ours), 4), round(max(ours), 4)]
+    row["peer_spread"] = [round(min(peer), 4), round(max(peer), 4)]
+    row["on_par"] = not (min(ours) > max(peer) or min(peer) > max(ours))
+    return row
+
+
+def spread_comparison(
+    what: str, unit: str, ours: list[float], peer: str, theirs: list[float], **kwargs
+) -> dict:
+    """``comparison`` of the medians of the rounds, with their spreads; no ratio where a median is not
+    above zero (a difference of two timings that the machine's noise outweighed)."""
+    ours_median, peer_median = median(ours), median(theirs)
+    if min(ours_median, peer_median) > 0:
+        return with_spread(comparison(what, unit, ours_median, peer, peer_median, **kwargs), ours, theirs)
+    row = skipped(what, unit, peer, "")
+    del row["skipped"]
+    row |= {"ours": round(ours_median, 4), "peer_value": round(peer_median, 4)}
+    row["note"] = "no ratio: a median at or below zero, the machine's noise larger than the figure"
+    return with_spread(row, ours, theirs)
+
+
 class MeasurementTimeout(Exception):
     """A measurement ran past its time limit."""
 

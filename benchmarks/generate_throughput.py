@@ -6,8 +6,7 @@ of a 512-token prompt; peak memory.
     GPT2LMHeadModel with its cache.
     gptkit's native step (gptkit.native: every block of a step in one call, fp32 and int8) against
     gptkit's PyTorch layouts (oneDNN-packed fp32, FBGEMM int8), alternating: new tok/s with the
-    greedy ids compared, and the milliseconds a token spends outside its matrix products (token
-    time minus the products' time alone, each measured here).
+    greedy ids compared.
     Beside it, the same weights in the other runtimes a user might pick, each alternating with gptkit:
     - ONNX Runtime on `gptkit export --past` (the past-key/value graph), decoded greedily step by
       step: fp32 against gptkit's fp32 decoding layout (ids checked equal), and ONNX Runtime's own
@@ -26,7 +25,7 @@ the median of REPEATS (5) rounds, the sides alternating, with each side's spread
 ``peer_spread``) and ``on_par`` where the spreads overlap. Bandwidth fractions divide by a streaming
 read's bandwidth (a copy's undercounts what a read-only step can reach).
 `--only native`: the native step's rows alone, kept as generate_throughput_native: against the
-PyTorch layouts (tok/s, read-bandwidth fractions, the time outside the products); the same with a
+PyTorch layouts (tok/s, read-bandwidth fractions); the same with a
 CPU-bound process busy on every core, at 1, 2 and 4 threads, for GPT-2 small and a d_model-64 model;
 and a trial of torch.compile (Inductor, freezing, a static KV cache) for the decoding step.
 bf16 weights are kept on CPUs without native bf16: decoding multiplies vectors by matrices, not the
@@ -52,7 +51,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from unittest import mock
 
@@ -67,6 +65,7 @@ from common import (
     emit,
     median,
     skipped,
+    spread_comparison,
     synchronize,
     time_limit,
 )
@@ -74,6 +73,7 @@ from common import (
 from gptkit import GPT, generate, native
 from gptkit.hardware import packs_for_onednn
 from gptkit.model.layouts import Int8Linear, decoding_layout, has_decoding_layout, load_int8
+from gptkit.model.native_step import NativeLinear
 
 PROMPT, NEW, REPEATS = 32, 128, 5
 PREFILL = 512  # the long prompt whose time to first token is measured
@@ -121,32 +121,6 @@ def measure(ours_fn, peer_fn, new: int | None = None) -> tuple[list[float], list
     new = NEW if new is None else new
     ours_s, peer_s, ours_out, peer_out = measure_seconds(ours_fn, peer_fn)
     return [new / s for s in ours_s], [new / s for s in peer_s], ours_out, peer_out
-
-
-def with_spread(row: dict, ours: list[float], peer: list[float]) -> dict:
-    """``row`` (its figures the medians of ``ours`` and ``peer``) with each side's spread over the
-    rounds (least, most) and ``on_par``: whether the two spreads overlap, where a ratio says nothing
-    a rerun would keep (the README then says "on par")."""
-    row["rounds"] = len(ours)
-    row["ours_spread"] = [round(min(ours), 4), round(max(ours), 4)]
-    row["peer_spread"] = [round(min(peer), 4), round(max(peer), 4)]
-    row["on_par"] = not (min(ours) > max(peer) or min(peer) > max(ours))
-    return row
-
-
-def spread_comparison(
-    what: str, unit: str, ours: list[float], peer: str, theirs: list[float], **kwargs
-) -> dict:
-    """``comparison`` of the medians of the rounds, with their spreads; no ratio where a median is not
-    above zero (a difference of two timings that the machine's noise outweighed)."""
-    ours_median, peer_median = median(ours), median(theirs)
-    if min(ours_median, peer_median) > 0:
-        return with_spread(comparison(what, unit, ours_median, peer, peer_median, **kwargs), ours, theirs)
-    row = skipped(what, unit, peer, "")
-    del row["skipped"]
-    row |= {"ours": round(ours_median, 4), "peer_value": round(peer_median, 4)}
-    row["note"] = "no ratio: a median at or below zero, the machine's noise larger than the figure"
-    return with_spread(row, ours, theirs)
 
 
 def compare(what: str, peer: str, ours_fn, peer_fn, same_ids: bool) -> tuple[dict, float | None]:
@@ -772,11 +746,17 @@ def weight_bytes(model: torch.nn.Module) -> int:
     lm_head = getattr(model, "lm_head", None)
     if lm_head is not None and all(t is not model.wte.weight for t in lm_head.parameters()):
         tables.add(id(model.wte.weight))  # the output layer has its own copy
+    # The native layout's matrices are packed copies (NativeLinear's buffers), the output layer's
+    # too: the token table is then only looked up.
+    native_linears = [m for m in model.modules() if isinstance(m, NativeLinear)]
+    if isinstance(lm_head, NativeLinear):
+        tables.add(id(model.wte.weight))
     tensors = [
         t
         for t in (*model.parameters(), *(b for b in model.buffers() if b.dtype == torch.int8 or b.is_mkldnn))
         if id(t) not in tables
     ]
+    tensors += [b for m in native_linears for b in m.buffers() if b.dtype != torch.int8]
     # Packed (opaque) matrices have no storage to look at: their elements, at least what they hold.
     packed = sum(t.numel() * t.element_size() for t in tensors if t.is_mkldnn)
     packed += sum(  # FBGEMM's int8 matrices: a byte an element
@@ -809,71 +789,12 @@ def without_native(build):
         return build()
 
 
-def native_products(step) -> Callable[[], None]:
-    """Each block matrix of the native ``step`` through the library's product call (the one
-    ``gptkit.native.product`` makes, on the matrices as the step holds them) in turn, one row of
-    constant fp32 inputs, the results discarded into one buffer."""
-    matrices = [m for layer in step.layers for m in (layer.qkv, layer.attn_out, layer.fc, layer.mlp_out)]
-    code = native.FORMATS[step.dtype]
-    x = torch.full((max(m.in_ for m in matrices),), 0.5)
-    y = torch.empty(max(m.out for m in matrices))
-
-    def run():
-        for matrix in matrices:
-            step.library.product(matrix, code, x.data_ptr(), 1, y.data_ptr())
-
-    return run
-
-
-def linear_products(model: GPT, row: torch.Tensor, wide: torch.Tensor) -> Callable[[], None]:
-    """Each block Linear of ``model`` called in turn on one row: ``row`` (d_model), or ``wide`` (4 ×
-    d_model) for the MLP's output matrix."""
-    pairs = [
-        (linear, x)
-        for block in model.h
-        for linear, x in (
-            (block.attn.c_attn, row),
-            (block.attn.c_proj, row),
-            (block.mlp.c_fc, row),
-            (block.mlp.c_proj, wide),
-        )
-    ]
-
-    def run():
-        for linear, x in pairs:
-            linear(x)
-
-    return run
-
-
-def products_seconds(model: GPT) -> float:
-    """Median seconds of one token's matrix products alone, one row, then the output layer: for the
-    native step, each of its block matrices through the native product in turn (per-matrix calls,
-    so each includes one start of the thread team, which a step starts once: the products' time is
-    somewhat over, and the time outside them under, what the step itself spends); else each block
-    Linear called in turn."""
-    d, dtype = model.config.d_model, model.wte.weight.dtype
-    row, wide = torch.randn(1, d, dtype=dtype), torch.randn(1, 4 * d, dtype=dtype)
-    if model.native_step is not None:
-        blocks = native_products(model.native_step)
-    else:
-        blocks = linear_products(model, row, wide)
-
-    def run():
-        blocks()
-        model.output_layer(row)
-
-    run()
-    return median([timed(run)[0] for _ in range(9)])
-
-
 def native_rows(
     tmp: str, prompt: torch.Tensor, ours_layout, ours_bf16_layout, ours_int8, bandwidth: float | None = None
 ) -> list[dict]:
     """gptkit's native step against gptkit's PyTorch layouts (oneDNN-packed fp32 and bf16, or bf16
-    widened for a prompt; FBGEMM int8) in the same run: new tok/s with the greedy ids compared, and
-    the time a token spends outside its products (token time minus the products' time, both
-    measured here); with ``bandwidth`` (a streaming read's bytes/s) also the fraction of it each
+    widened for a prompt; FBGEMM int8) in the same run: new tok/s with the greedy ids compared; with
+    ``bandwidth`` (a streaming read's bytes/s) also the fraction of it each
     side's tokens/s reach."""
     if ours_layout is None or ours_layout.native_step is None:
         return [
@@ -908,7 +829,7 @@ def native_format_rows(
     fmt: str, fast: GPT, pytorch: GPT, layout: str, prompt: torch.Tensor, bandwidth: float | None
 ) -> list[dict]:
     """One format's rows of native_rows: the native step (``fast``) against the PyTorch ``layout``
-    (``pytorch``): tok/s, the bandwidth fractions with ``bandwidth``, the ms outside the products."""
+    (``pytorch``): tok/s, and the bandwidth fractions with ``bandwidth``."""
     peer = f"gptkit {fmt} in its PyTorch layout ({layout})"
     what = f"greedy new tok/s, GPT-2 small, {fmt}, gptkit native step"
     try:
@@ -931,30 +852,7 @@ def native_format_rows(
                 [weight_bytes(pytorch) * tps / bandwidth for tps in peer_tps],
             )
         )
-    outside = outside_products_ms([fast, pytorch], prompt)
-    rows.append(
-        spread_comparison(
-            f"ms a token spends outside its matrix products, GPT-2 small, {fmt}, gptkit native step",
-            "ms",
-            outside[0],
-            peer,
-            outside[1],
-            higher_is_better=False,
-        )
-    )
     return rows
-
-
-def outside_products_ms(models: list[GPT], prompt: torch.Tensor) -> list[list[float]]:
-    """Each model's milliseconds a token spends outside its matrix products, in each of REPEATS
-    rounds: a decode of NEW tokens timed, then its products alone, back to back (the machine's drift
-    touches both alike), the models alternating."""
-    differences: list[list[float]] = [[] for _ in models]
-    for _ in range(REPEATS):
-        for model, spent in zip(models, differences):
-            seconds, _ = timed(lambda model=model: generate(model, prompt, NEW, temperature=0))
-            spent.append(1e3 * (seconds / NEW - products_seconds(model)))
-    return differences
 
 
 # Under contention --------------------------------------------------------------------------------

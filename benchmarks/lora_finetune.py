@@ -21,10 +21,10 @@ import subprocess
 import sys
 import time
 
-from common import comparison, emit
+from common import emit, median, spread_comparison
 
 SHAPE = dict(n_layer=24, d_model=1024, n_head=16, vocab=50257, context=1024, batch=2, tokens=32)
-RANK, WARMUP, STEPS, ROUNDS = 8, 1, 2, 2
+RANK, WARMUP, STEPS, ROUNDS = 8, 1, 2, 5
 
 
 def task_model(variant: str):
@@ -115,43 +115,42 @@ def worker(variant: str) -> None:
 
 
 def main() -> None:
-    results: dict[str, dict] = {}
-    for _ in range(ROUNDS):
+    runs: dict[str, list[dict]] = {}
+    for _ in range(ROUNDS):  # the variants alternate, so the machine's drift touches all alike
         for variant in ("full", "lora", "peft"):
             out = subprocess.run(
                 [sys.executable, __file__, "--worker", variant], capture_output=True, text=True, check=True
             )
-            result = json.loads(out.stdout.strip().splitlines()[-1])
-            if variant not in results or result["cpu_s_per_update"] < results[variant]["cpu_s_per_update"]:
-                results[variant] = result
-    full, lora, peft = results["full"], results["lora"], results["peft"]
+            runs.setdefault(variant, []).append(json.loads(out.stdout.strip().splitlines()[-1]))
+
+    def figures(variant: str, key: str) -> list[float]:
+        return [run[key] for run in runs[variant]]
+
+    medians = {
+        variant: runs[variant][0]
+        | {
+            key: median(figures(variant, key))
+            for key in ("peak_rss_mb", "cpu_s_per_update", "wall_s_per_update")
+        }
+        for variant in runs
+    }
+    memory, cpu = ("peak memory", "MB", "peak_rss_mb"), ("CPU time per update", "s", "cpu_s_per_update")
+    comparisons = [
+        spread_comparison(what, unit, figures("lora", key), peer, figures(other, key), higher_is_better=False)
+        for (what, unit, key), peer, other in (
+            (memory, "full fine-tuning", "full"),
+            (cpu, "full fine-tuning", "full"),
+            (cpu, "peft LoRA", "peft"),
+        )
+    ]
     emit(
         "lora_finetune",
-        [
-            comparison(
-                "peak memory", "MB", lora["peak_rss_mb"], "full fine-tuning", full["peak_rss_mb"], False
-            ),
-            comparison(
-                "CPU time per update",
-                "s",
-                lora["cpu_s_per_update"],
-                "full fine-tuning",
-                full["cpu_s_per_update"],
-                False,
-            ),
-            comparison(
-                "CPU time per update",
-                "s",
-                lora["cpu_s_per_update"],
-                "peft LoRA",
-                peft["cpu_s_per_update"],
-                False,
-            ),
-        ],
+        comparisons,
         shape=SHAPE,
         rank=RANK,
-        results=results,
-        trainable_fraction=round(lora["trainable"] / full["trainable"], 5),
+        rounds=ROUNDS,
+        results=medians,
+        trainable_fraction=round(medians["lora"]["trainable"] / medians["full"]["trainable"], 5),
     )
 
 

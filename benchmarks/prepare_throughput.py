@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from common import DATA, comparison, emit, median, skipped
+from common import DATA, comparison, emit, skipped, spread_comparison
 
 from gptkit.data.prepare import prepare
 
@@ -35,8 +35,10 @@ def shards_of(out: Path) -> tuple[bytes, ...]:
     return tuple((out / name).read_bytes() for name in ("train.bin", "val.bin", "meta.json"))
 
 
-def throughput(tokenizer: Path, workers_runs: dict[str, int], repeats: int, work: Path) -> dict[str, float]:
-    """Median MB/s of each setting, alternating; raises if their shards differ."""
+def throughput(
+    tokenizer: Path, workers_runs: dict[str, int], repeats: int, work: Path
+) -> dict[str, list[float]]:
+    """MB/s of each setting in every round, alternating; raises if their shards differ."""
     mb = sum(f.stat().st_size for f in BOOKS) / 1e6
     prepare(tokenizer, BOOKS, work / "warmup", show_progress=False, workers=max(workers_runs.values()))
     speeds: dict[str, list[float]] = {name: [] for name in workers_runs}
@@ -49,7 +51,7 @@ def throughput(tokenizer: Path, workers_runs: dict[str, int], repeats: int, work
             shards[name] = shards_of(work / name)
     if len(set(shards.values())) != 1:
         raise AssertionError(f"shards differ between {', '.join(workers_runs)}")
-    return {name: median(values) for name, values in speeds.items()}
+    return speeds
 
 
 def tree_rss_bytes(root: int) -> int:
@@ -155,7 +157,7 @@ def parquet_memory(work: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
         "--only", choices=("throughput", "memory", "parquet"), help="Run one part (default: all)."
     )
@@ -175,7 +177,7 @@ def main() -> None:
                 comparisons.append(skipped(what, "MB/s", "prepare, 1 worker", str(e)))
                 continue
             comparisons.append(
-                comparison(what, "MB/s", speed["2 workers"], "prepare, 1 worker", speed["1 worker"])
+                spread_comparison(what, "MB/s", speed["2 workers"], "prepare, 1 worker", speed["1 worker"])
             )
         if not sys.platform.startswith("linux"):
             comparisons.append(skipped("peak RSS", "MB", "-", "reads /proc: Linux only"))

@@ -1,5 +1,6 @@
 """Serving fine-tuned models: `gptkit serve`'s /v1/classify under 16 concurrent clients, against
-transformers' text-classification pipeline one request at a time; and LoRA adapters of one base in
+transformers' text-classification pipeline given the sentences in batches of 16 (and, as the gain
+from batching, one request at a time); and LoRA adapters of one base in
 mixed batches, against the same load sent to one adapter at a time.
 
 The classifier is GPT-2 small's shape (random weights: speed does not depend on them) with GPT-1's
@@ -8,8 +9,9 @@ one sentence each.
 
 (a) requests/s of the server (CLIENTS threads, each sending REQUESTS_PER_CLIENT requests one after
     the other; the server batches what is waiting) against transformers' `pipeline("text-classification")`
-    on GPT2ForSequenceClassification holding the same transformer weights and W_y, one sentence at a
-    time in this process. The pipeline reads the sentence alone where gptkit's layout adds `_start_`
+    on GPT2ForSequenceClassification holding the same transformer weights and W_y, in this process:
+    the same number of sentences in batches of CLIENTS (`batch_size`, padded), and one sentence at a
+    time (the gain from batching). The pipeline reads the sentence alone where gptkit's layout adds `_start_`
     and `_classify_` (two tokens more per request for gptkit), so the answers are not compared here:
     tests/test_serve_pooling.py checks the server's against the model run by hand. Both in fp32;
     then the server at its default dtype (`auto`: bf16 on a CPU that multiplies it natively) against
@@ -21,7 +23,8 @@ one sentence each.
     for one adapter. And the step alone, in this process, on batches of CLIENTS sentences: mixed over
     ADAPTERS adapters, with each row adding its own adapter's terms (the server's way, one pass of the
     base) against grouping by adapter (one pass per adapter), and a batch for one adapter both ways.
-Each measurement alternates REPEATS times with the others; medians.
+Each measurement alternates REPEATS times with the others; medians, with each side's least and most
+("on par" where those overlap).
 """
 
 from __future__ import annotations
@@ -37,12 +40,13 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from common import DATA, REPO, comparison, emit, median
+from common import DATA, REPO, emit, skipped, spread_comparison
 from serve_throughput import Server, free_port
 
 from gptkit import GPT, GPTConfig
 from gptkit.data.registry import read_dataset
 from gptkit.data.tasks import EncodedExample, TaskSpec, special_token_ids
+from gptkit.hardware import bf16_native
 from gptkit.model.lora import AdapterSet
 from gptkit.model.task import TaskModel
 from gptkit.serve.config import ServeLimits
@@ -52,9 +56,13 @@ from gptkit.tokenizer import Tokenizer
 CLIENTS, REQUESTS_PER_CLIENT = 16, 8
 PEER_REQUESTS = 32
 ADAPTERS = 4
-REPEATS = 3
+REPEATS = 5
 STEP_REPEATS = 5  # batches per step measurement
 LABELS = ["negative", "positive"]
+# What the server's dtype `auto` picks on this CPU: bf16 where it multiplies it natively, else fp32
+# (and then the pipeline's bf16, which would crawl, is not measured).
+BF16 = bf16_native(torch.device("cpu")).native
+AUTO = torch.bfloat16 if BF16 else torch.float32
 
 
 class ClassifyServer(Server):
@@ -100,6 +108,7 @@ def transformers_pipeline(model: TaskModel, directory: Path, tokenizer_dir: Path
     hf.config.id2label = dict(enumerate(LABELS))
     hf.eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.pad_token = tokenizer.convert_ids_to_tokens(50256)  # batches pad with <|endoftext|>
     return transformers.pipeline("text-classification", model=hf, tokenizer=tokenizer, device="cpu")
 
 
@@ -126,6 +135,14 @@ def one_at_a_time(pipeline, sentences: list[str]) -> float:
     for sentence in sentences[:PEER_REQUESTS]:
         pipeline(sentence)
     return PEER_REQUESTS / (time.perf_counter() - started)
+
+
+def in_batches(pipeline, sentences: list[str]) -> float:
+    """Sentences/s of the pipeline given CLIENTS × REQUESTS_PER_CLIENT sentences, CLIENTS a batch."""
+    chosen = [sentences[i % len(sentences)] for i in range(CLIENTS * REQUESTS_PER_CLIENT)]
+    started = time.perf_counter()
+    pipeline(chosen, batch_size=CLIENTS)
+    return len(chosen) / (time.perf_counter() - started)
 
 
 def classify_grouped(
@@ -199,7 +216,7 @@ def step_workloads(root: Path, adapters: dict[str, Path], sentences: list[str]) 
     name; and the calls that warm them up."""
     plain = {
         dtype: TaskModel.from_pretrained(root / "sst2", device="cpu").to(dtype)
-        for dtype in (torch.float32, torch.bfloat16)
+        for dtype in {torch.float32, AUTO}
     }
     encoded = plain[torch.float32].encode([{"text": sentence} for sentence in sentences])
     plain_batches = [
@@ -238,9 +255,10 @@ def measured_runs(
     server, server_auto = servers["float32"], servers["auto"]
     workloads = {
         "served": partial(load, server, ["sst2"], sentences),
-        "peer": partial(one_at_a_time, pipelines["peer"], sentences),
+        "peer": partial(in_batches, pipelines["peer"], sentences),
+        "peer_one": partial(one_at_a_time, pipelines["peer"], sentences),
         "served_auto": partial(load, server_auto, ["sst2"], sentences),
-        "peer_bf16": partial(one_at_a_time, pipelines["peer_bf16"], sentences),
+        **({"peer_bf16": partial(in_batches, pipelines["peer_bf16"], sentences)} if BF16 else {}),
         "mixed": partial(load, server, names, sentences),
         "single_adapter": partial(load, server, names[:1], sentences),
     }
@@ -253,58 +271,32 @@ def measured_runs(
     return runs
 
 
-def rows(m: dict[str, float]) -> list[dict]:
-    """The comparisons, from the medians by name."""
+def rows(runs: dict[str, list[float]]) -> list[dict]:
+    """The comparisons, each the medians of the rounds with their spreads."""
     served = f"/v1/classify requests/s, {CLIENTS} clients, GPT-2 small shape"
-    peer = "transformers text-classification pipeline (GPT2ForSequenceClassification), one at a time"
+    peer = f"transformers text-classification pipeline (GPT2ForSequenceClassification), batches of {CLIENTS}"
+    one = "transformers text-classification pipeline, one at a time (the gain from batching)"
     step = f"classify step, batches of {CLIENTS} sentences/s, fp32"
     mixed = f"{step}, mixed over {ADAPTERS} adapters, each row its own adapter (one pass)"
+    table = [
+        (f"{served}, fp32", "requests/s", "served", f"{peer}, fp32", "peer", 1),
+        (f"{served}, fp32", "requests/s", "served", f"{one}, fp32", "peer_one", 1),
+        (f"{served}, dtype auto", "requests/s", "served_auto", f"{peer}, fp32", "peer", 1),
+        (f"{served}, dtype auto", "requests/s", "served_auto", f"{peer}, bf16", "peer_bf16", 1),
+        (f"{served}, fp32", "requests/s", "served", f"its step alone in one process, fp32 ({CLIENTS} × batches/s)", "plain_torch.float32", CLIENTS),
+        (f"{served}, dtype auto", "requests/s", "served_auto", f"its step alone in one process, {'bf16' if BF16 else 'fp32'} ({CLIENTS} × batches/s)", f"plain_{AUTO}", CLIENTS),
+        (f"{served} over {ADAPTERS} LoRA adapters of one base, mixed, fp32", "requests/s", "mixed", "the same load for one adapter", "single_adapter", 1),
+        (mixed, "batches/s", "mixed_per_row", "grouped by adapter (one pass per adapter)", "mixed_grouped", 1),
+        (mixed, "batches/s", "mixed_per_row", "one adapter, each row its own adapter", "single_per_row", 1),
+        (f"{step}, one adapter, each row its own adapter", "batches/s", "single_per_row", "one adapter, its matrices in place", "single_grouped", 1),
+    ]  # fmt: skip
     return [
-        comparison(f"{served}, fp32", "requests/s", m["served"], f"{peer}, fp32", m["peer"]),
-        comparison(f"{served}, dtype auto", "requests/s", m["served_auto"], f"{peer}, fp32", m["peer"]),
-        comparison(f"{served}, dtype auto", "requests/s", m["served_auto"], f"{peer}, bf16", m["peer_bf16"]),
-        comparison(
-            f"{served}, fp32",
-            "requests/s",
-            m["served"],
-            f"its step alone in one process, fp32 ({CLIENTS} × batches/s)",
-            CLIENTS * m["plain_torch.float32"],
-        ),
-        comparison(
-            f"{served}, dtype auto",
-            "requests/s",
-            m["served_auto"],
-            f"its step alone in one process, bf16 ({CLIENTS} × batches/s)",
-            CLIENTS * m["plain_torch.bfloat16"],
-        ),
-        comparison(
-            f"{served} over {ADAPTERS} LoRA adapters of one base, mixed, fp32",
-            "requests/s",
-            m["mixed"],
-            "the same load for one adapter",
-            m["single_adapter"],
-        ),
-        comparison(
-            mixed,
-            "batches/s",
-            m["mixed_per_row"],
-            "grouped by adapter (one pass per adapter)",
-            m["mixed_grouped"],
-        ),
-        comparison(
-            mixed,
-            "batches/s",
-            m["mixed_per_row"],
-            "one adapter, each row its own adapter",
-            m["single_per_row"],
-        ),
-        comparison(
-            f"{step}, one adapter, each row its own adapter",
-            "batches/s",
-            m["single_per_row"],
-            "one adapter, its matrices in place",
-            m["single_grouped"],
-        ),
+        spread_comparison(what, unit, runs[ours], name, [scale * x for x in runs[theirs]])
+        if theirs in runs
+        else skipped(
+            what, unit, name, "this CPU does not multiply bf16 natively (the pipeline's bf16 would crawl)"
+        )
+        for what, unit, ours, name, theirs, scale in table
     ]
 
 
@@ -331,7 +323,7 @@ def main() -> None:
                 server.stop()
     emit(
         "serve_classify",
-        rows({name: median(values) for name, values in runs.items()}),
+        rows(runs),
         runs=dict(runs),
         auto_dtype=auto_dtype,
     )

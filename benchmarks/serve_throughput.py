@@ -37,6 +37,7 @@ from common import (
     emit,
     median,
     skipped,
+    spread_comparison,
     time_limit,
 )
 
@@ -47,7 +48,7 @@ from gptkit.tokenizer import Tokenizer
 
 CLIENTS, REQUESTS_PER_CLIENT, NEW_TOKENS = 16, 2, 32
 PEER_REQUESTS = 6  # one-at-a-time requests per repetition: a rate, so a sample of the load is enough
-REPEATS = 2
+REPEATS = 5
 MEMORY_FIRST, MEMORY_REQUESTS, MEMORY_NEW_TOKENS = 50, 500, 8
 PHASE_LIMIT_S = min(TIME_LIMIT_S, 300.0)
 MODEL_NAME = "gpt2-random"
@@ -314,10 +315,9 @@ def throughput_rows(raced: dict) -> list[dict]:
     }
     if raced["skip_reason"] is not None:
         return [skipped(what, "tok/s", peer, raced["skip_reason"]) for peer in peers.values()]
-    server_tps = median(raced["server"])
     return [
-        comparison(what, "tok/s", server_tps, peers["transformers"], median(raced["peer"])),
-        comparison(what, "tok/s", server_tps, peers["gptkit"], median(raced["ours"])),
+        spread_comparison(what, "tok/s", raced["server"], peers["transformers"], raced["peer"]),
+        spread_comparison(what, "tok/s", raced["server"], peers["gptkit"], raced["ours"]),
     ]
 
 

@@ -2,10 +2,12 @@
 
 Shape: 6 layers, d 384, 6 heads, context 256, vocabulary 40478, batch 8, dropout 0; one step is
 forward + backward + AdamW. fp32 and bf16 autocast. Each measurement runs in a fresh process (so
-peak RSS is its own), the two libraries alternate, several repetitions, medians. MFU is against a
-2048³ matmul measured in the same run. gptkit runs as its Trainer does: the fused output-layer
-loss (no logits returned) and glibc kept from returning freed memory (gptkit.train.memory); the
-run without the latter is reported too.
+peak RSS is its own), the two libraries alternate, ROUNDS rounds, medians with each side's least and
+most. MFU is against a 2048³ matmul measured in the same run. Both sides get the same threads and
+the same allocator: glibc kept from returning freed memory (gptkit.train.memory, what gptkit's
+Trainer sets on a CPU; `--plain-malloc` runs a worker with glibc's defaults); gptkit uses its fused output-layer loss
+(no logits returned), as its Trainer does. Each side is also run under torch.compile (fp32, tuned
+allocator; the steps timed after COMPILE_WARMUP warm-up steps, the compilation among them).
 
 bf16 is skipped (ratio null, with the reason) on a CPU that does not multiply it natively, where it
 runs 30-65x slower than fp32; a measurement running past common.TIME_LIMIT_S is killed and its
@@ -20,11 +22,26 @@ import subprocess
 import sys
 import time
 
-from common import DEVICE, TIME_LIMIT_S, MeasurementTimeout, comparison, emit, median, skipped, synchronize
+from common import (
+    DEVICE,
+    TIME_LIMIT_S,
+    MeasurementTimeout,
+    emit,
+    median,
+    skipped,
+    spread_comparison,
+    synchronize,
+)
 
 SHAPE = dict(n_layer=6, d_model=384, n_head=6, context=256, vocab=40478, batch=8)
-WARMUP, STEPS, REPEATS = 2, 5, 3
+WARMUP, STEPS, ROUNDS = 1, 3, 5
+COMPILE_WARMUP = 2  # the first compiles (forward and backward), the second runs compiled
 PEER = "transformers OpenAIGPTLMHeadModel"
+# The configurations each side runs in: (label in the row, worker flags).
+SETTINGS = {
+    "tuned": ("", []),
+    "compiled": (", torch.compile", ["--compile"]),
+}
 
 
 def flops_per_token(shape: dict) -> float:
@@ -38,14 +55,15 @@ def model_and_optimizer(library: str, tuned_malloc: bool) -> tuple:
     """SHAPE's model, on DEVICE in training mode, and its AdamW, each as the library's users build them."""
     import torch
 
+    from gptkit.train.memory import keep_freed_memory
+
+    if tuned_malloc and DEVICE == "cpu":
+        keep_freed_memory()  # as gptkit's Trainer does on CPU; for both sides alike
+
     s = SHAPE
     if library == "gptkit":
         from gptkit import GPT, GPTConfig
-        from gptkit.train.memory import keep_freed_memory
         from gptkit.train.optim import build_optimizer
-
-        if tuned_malloc and DEVICE == "cpu":
-            keep_freed_memory()  # as gptkit's Trainer does on CPU
 
         model = GPT(
             GPTConfig(
@@ -80,8 +98,9 @@ def model_and_optimizer(library: str, tuned_malloc: bool) -> tuple:
     return model, optimizer
 
 
-def worker(library: str, precision: str, tuned_malloc: bool = True) -> None:
-    """One measurement, in its own process: tok/s of STEPS training steps after WARMUP, and peak memory."""
+def worker(library: str, precision: str, tuned_malloc: bool = True, compiled: bool = False) -> None:
+    """One measurement, in its own process: tok/s of STEPS training steps after the warm-up, and peak
+    memory."""
     import contextlib
 
     import torch
@@ -89,6 +108,8 @@ def worker(library: str, precision: str, tuned_malloc: bool = True) -> None:
     torch.manual_seed(0)
     s = SHAPE
     model, optimizer = model_and_optimizer(library, tuned_malloc)
+    if compiled:
+        model = torch.compile(model)
     ids = torch.randint(0, s["vocab"], (s["batch"], s["context"])).to(DEVICE)
     device_type = torch.device(DEVICE).type
     autocast = (
@@ -105,7 +126,7 @@ def worker(library: str, precision: str, tuned_malloc: bool = True) -> None:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for _ in range(WARMUP):
+    for _ in range(COMPILE_WARMUP if compiled else WARMUP):
         step()
     synchronize()
     start = time.perf_counter()
@@ -150,41 +171,52 @@ def run(*worker_args: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def labels(precision: str) -> list[tuple[str, str]]:
-    """(what, unit) of each comparison for one precision, measured or skipped."""
+def labels(precision: str) -> list[tuple[str, str, str]]:
+    """(setting, what, unit) of each comparison for one precision, measured or skipped."""
     shape = f"6L/384, ctx 256, batch 8, {precision}" + ("" if DEVICE == "cpu" else f", {DEVICE}")
-    return [
-        (f"train tok/s, {shape}", "tok/s"),
-        (f"train tok/s, {shape}, gptkit without malloc tuning", "tok/s"),
-        (f"train peak {'RSS' if DEVICE == 'cpu' else 'GPU memory allocated'}, {shape}", "MB"),
-        (f"MFU, {shape}", "fraction of matmul peak"),
-    ]
+    memory = "RSS" if DEVICE == "cpu" else "GPU memory allocated"
+    out = []
+    for setting in settings(precision):
+        suffix = SETTINGS[setting][0]
+        out += [
+            (setting, f"train tok/s, {shape}{suffix}", "tok/s"),
+            (setting, f"train peak {memory}, {shape}{suffix}", "MB"),
+            (setting, f"MFU, {shape}{suffix}", "fraction of matmul peak"),
+        ]
+    return out
+
+
+def settings(precision: str) -> list[str]:
+    """The configurations measured: eager, and torch.compile's trial in fp32."""
+    return ["tuned"] + (["compiled"] if precision == "fp32" else [])
 
 
 def measure(precision: str) -> tuple[list[dict], float]:
     """The comparisons for one precision, and the matmul peak (FLOP/s) that MFU is against."""
-    ours, plain, theirs = [], [], []
-    for _ in range(REPEATS):  # alternate, so drift in the machine hits all alike
-        ours.append(run("gptkit", precision))
-        if DEVICE == "cpu":  # glibc's malloc tuning is a CPU matter: off the CPU both runs are one
-            plain.append(run("gptkit", precision, "--plain-malloc"))
-        theirs.append(run("transformers", precision))
+    runs: dict[tuple[str, str], list[dict]] = {}
+    for _ in range(ROUNDS):  # alternate, so drift in the machine hits all alike
+        for setting in settings(precision):
+            for library in ("gptkit", "transformers"):
+                result = run(library, precision, *SETTINGS[setting][1])
+                runs.setdefault((setting, library), []).append(result)
     peak = run("--matmul", precision)["flops_per_s"]
-    tps = {
-        name: median([r["tokens_per_s"] for r in rs]) if rs else None
-        for name, rs in (("ours", ours), ("plain", plain), ("theirs", theirs))
-    }
     per_token = flops_per_token(SHAPE)
-    rss = {name: median([r["peak_rss_mb"] for r in rs]) for name, rs in (("ours", ours), ("theirs", theirs))}
-    (tok_s, _), (plain_tok_s, _), (memory, _), (mfu, mfu_unit) = labels(precision)
-    return [
-        comparison(tok_s, "tok/s", tps["ours"], PEER, tps["theirs"]),
-        comparison(plain_tok_s, "tok/s", tps["plain"], PEER, tps["theirs"])
-        if tps["plain"] is not None
-        else skipped(plain_tok_s, "tok/s", PEER, "malloc tuning applies to CPU runs only"),
-        comparison(memory, "MB", rss["ours"], PEER, rss["theirs"], higher_is_better=False),
-        comparison(mfu, mfu_unit, tps["ours"] * per_token / peak, PEER, tps["theirs"] * per_token / peak),
-    ], peak
+    rows = []
+    for setting, what, unit in labels(precision):
+        ours, theirs = runs[(setting, "gptkit")], runs[(setting, "transformers")]
+        key = "peak_rss_mb" if unit == "MB" else "tokens_per_s"
+        scale = per_token / peak if unit.startswith("fraction") else 1.0
+        rows.append(
+            spread_comparison(
+                what,
+                unit,
+                [r[key] * scale for r in ours],
+                PEER,
+                [r[key] * scale for r in theirs],
+                higher_is_better=unit != "MB",
+            )
+        )
+    return rows, peak
 
 
 def not_native(precision: str) -> str | None:
@@ -212,15 +244,22 @@ def main() -> None:
             comparisons += rows
             extra[f"matmul_peak_gflops_{precision}"] = round(peak / 1e9, 1)
         else:
-            comparisons += [skipped(what, unit, PEER, reason) for what, unit in labels(precision)]
+            comparisons += [skipped(what, unit, PEER, reason) for _, what, unit in labels(precision)]
             extra[f"matmul_peak_gflops_{precision}"] = None
-    emit("train_throughput", comparisons, device=DEVICE, **extra)
+    emit(
+        "train_throughput", comparisons, device=DEVICE, rounds=ROUNDS, compile_warmup=COMPILE_WARMUP, **extra
+    )
 
 
 if __name__ == "__main__":
     if len(sys.argv) >= 4 and sys.argv[1:3] == ["--worker", "--matmul"]:
         matmul_peak(sys.argv[3])
     elif len(sys.argv) >= 4 and sys.argv[1] == "--worker":
-        worker(sys.argv[2], sys.argv[3], tuned_malloc="--plain-malloc" not in sys.argv)
+        worker(
+            sys.argv[2],
+            sys.argv[3],
+            tuned_malloc="--plain-malloc" not in sys.argv,
+            compiled="--compile" in sys.argv,
+        )
     else:
         main()

@@ -74,9 +74,12 @@ METHODS = {
         corpus against one 8 or 10 times smaller.""",
     "train_throughput": """
         6 layers, d 384, 6 heads, context 256, vocabulary 40,478, batch 8, dropout 0; a step is forward,
-        backward and AdamW. Each measurement in a fresh process (its peak RSS is its own), alternating,
-        medians; gptkit runs as its Trainer does (the fused output-layer loss; glibc kept from
-        returning freed memory, which the "without malloc tuning" rows turn off). MFU is against a
+        backward and AdamW. Each measurement in a fresh process (its peak RSS is its own), the sides
+        alternating, medians of {rounds} rounds with the least and most in brackets; "on par" where
+        those overlap. Both sides run with the same threads and the same allocator: glibc kept from
+        returning freed memory (as gptkit's Trainer sets it); gptkit uses its fused output-layer loss (no logits returned), transformers
+        returns its logits as its users get them. The torch.compile rows compile each side's model
+        (Inductor, default mode) and time the steps after {compile_warmup} warm-up steps. MFU is against a
         2048³ matmul measured in the same run under the same load ({matmul_peak_gflops_fp32} GFLOP/s
         fp32, {matmul_peak_gflops_bf16} bf16 here), not against the CPU's specification.""",
     "time_to_quality": """
@@ -129,9 +132,7 @@ METHODS = {
         where the native kernels are not used), the two alternating, medians of {repeats} rounds with
         each side's least and most in brackets; "on par" where those overlap. The bandwidth fraction
         divides the bytes a step reads × tokens/s by a streaming read's bandwidth in the same run
-        ({memory_bandwidth_gb_s} GB/s). The ms outside the products are a token's time less its
-        products' time alone; the native side's products are timed a matrix a call, each call starting
-        its thread team, which if anything understates its time outside them. torch.compile's trial times the decoding steps alone after
+        ({memory_bandwidth_gb_s} GB/s). torch.compile's trial times the decoding steps alone after
         the prompt (Inductor, freezing, a static KV cache; compiled in {torch_compile[compile_s]} s),
         the three alternating. The contention rows run with a CPU-bound process busy on every core
         ({new_tokens} new tokens for the d_model-64 model, a quarter of that for GPT-2 small), at the
@@ -210,7 +211,8 @@ METHODS = {
         {scores[hf][story_cloze_acc]}).""",
     "activation_checkpointing": """
         GPT-2 small's shape (random weights), one fp32 update of batch {batch} × {length} tokens on
-        this CPU for each mode, each in a fresh process, best of {rounds} rounds. Peak memory is the
+        this CPU for each mode, each in a fresh process, the modes alternating, medians of {rounds}
+        rounds with the least and most in brackets. Peak memory is the
         C allocator's highest bytes in use during the update, above what the process held before the
         model was built (peak RSS, which also counts freed memory the allocator keeps, is in the
         JSON); the time is CPU time of all threads per update. `selective` keeps the outputs of the
@@ -230,7 +232,7 @@ METHODS = {
         AdamW. gptkit's LoRA: rank {rank} on c_attn, c_proj and c_fc, the special rows and the head
         trained, {results[lora][trainable]:,} of {results[lora][parameters]:,} parameters
         ({trainable_fraction:.2%}); peft's: the same rank and targets. A fresh process per variant,
-        alternating, each keeping its fastest round; CPU time per update, which other load inflates
+        alternating, medians of {rounds} rounds with the least and most; CPU time per update, which other load inflates
         less than the wall clock. Its cost in accuracy on a small base:
         [experiments.md](experiments.md#lora-against-full-fine-tuning-2026-12-02).""",
 }
@@ -288,7 +290,13 @@ def provenance(record: dict) -> str:
         line += f"; load average {start[0]:.1f} before it began"
     if load:
         line += f"{',' if start else '; load average'} {load[1]:.1f} over its last 5 minutes"
-    line += f"; commit {commit[:10]}{'+changes' * commit.endswith('+changes')}." if commit else "."
+    if commit:
+        line += f"; commit {commit[:10]}{'+changes' * commit.endswith('+changes')}"
+        # An older record's commit, found afterwards: the commit that added it (the code it measured
+        # is no later).
+        line += " (the commit that added this record)." if record.get("commit_from_history") else "."
+    else:
+        line += "."
     if loaded(record):
         line += f" **Loaded**: busier than its {cores(record)} cores while measured; rerun before quoting it."
     return line

@@ -1,0 +1,58 @@
+"""The benchmarks' comparisons as scripts/list_comparisons.py lists them: each names its peer and how
+the peer ran, each record names the commit it measured, and none sets batched gptkit against a peer
+fed one example at a time without calling it the gain from batching."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "scripts" / "list_comparisons.py"
+
+
+def _listing():
+    spec = importlib.util.spec_from_file_location("list_comparisons", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_comparison_names_its_peer_and_every_record_its_commit():
+    listing = _listing()
+    rows = listing.rows()
+    assert len(rows) > 50  # every benchmark's rows: few means the reader broke
+    assert all(isinstance(row["peer"], str) and row["peer"].strip() for row in rows)
+    for path in sorted((REPO / "results").glob("*.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        assert record.get("commit"), f"{path.name} does not name the commit it measured"
+
+
+def test_no_batching_gain_passes_as_speed():
+    done = subprocess.run([sys.executable, str(SCRIPT), "--check"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_check_catches_an_unlabelled_batching_gain(tmp_path):
+    """A planted record: batch 32 against one pair at a time fails the check until it says what it is."""
+    row = {"what": "zero-shot tok/s, batch 32", "unit": "tok/s", "ours": 2.0, "peer_value": 1.0, "ratio": 2.0}
+    record = {
+        "benchmark": "planted",
+        "commit": "0" * 40,
+        "comparisons": [row | {"peer": "hf, one pair at a time"}],
+    }
+    (tmp_path / "planted.json").write_text(json.dumps(record))
+    check = [sys.executable, str(SCRIPT), "--check", "--results", str(tmp_path)]
+    failed = subprocess.run(check, capture_output=True, text=True)
+    assert failed.returncode == 1 and "planted.json" in failed.stdout
+    record["comparisons"][0]["peer"] = "hf, one pair at a time (the gain from batching)"
+    (tmp_path / "planted.json").write_text(json.dumps(record))
+    assert subprocess.run(check, capture_output=True, text=True).returncode == 0
+    same_batch = row | {
+        "what": "zero-shot tok/s, batch 32",
+        "peer": "hf, batches of 32 with an attention mask",
+    }
+    assert not _listing().batching_unlabelled(same_batch)
