@@ -56,3 +56,25 @@ def test_the_check_catches_an_unlabelled_batching_gain(tmp_path):
         "peer": "hf, batches of 32 with an attention mask",
     }
     assert not _listing().batching_unlabelled(same_batch)
+
+
+def test_a_kept_result_is_not_a_change_to_the_code_measured(tmp_path):
+    """`make bench` keeps each benchmark's JSON before the next one starts: the next still names the
+    commit alone; a changed source file makes it "+changes"."""
+    from gptkit.testing.provenance import source_commit
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=tmp_path, capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "a.json").write_text("{}")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "start")
+    head = git("rev-parse", "HEAD")
+    (tmp_path / "results" / "a.json").write_text('{"kept": 1}')
+    assert source_commit(tmp_path) == head
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert source_commit(tmp_path) == head + "+changes"
