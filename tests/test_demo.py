@@ -499,18 +499,18 @@ def test_the_demos_set_up_installs_its_extras_alone_and_nothing_where_the_dev_se
     assert make("-q", f"{venv}/.installed-demo") == ""  # up to date now
 
 
-def test_where_not_one_pair_fits_at_the_measured_pace_the_one_pair_is_bounded_by_the_clock(data_dir, capsys):
+def test_where_not_one_pair_fits_at_the_measured_pace_the_one_pair_is_bounded_by_the_clock(capsys):
     from gptkit.demo import run
 
     task = demo.DEMO_TASKS["sst2"]
     # A quick machine: pairs of the size choose_size picks, as many as fit, no clock on a run.
-    planned = run._power_plan(task, 200.0, pace=0.01, seeds=None, data=data_dir)
+    planned = run._power_plan(task, 200.0, pace=0.01, seeds=None)
     costs = {size: demo.tasks.pair_seconds(task, size, 0.01) for size in task.sizes}
-    assert planned.size == plan.choose_size(task.sizes, 200.0, costs, 872)[0]
+    assert planned.size == plan.choose_size(task.sizes, 200.0, costs, task.held_out)[0]
     assert planned.train_seconds is None and planned.score_seconds is None and planned.seeds == plan.MAX_SEEDS
     # A machine so loaded that one pair of the cheapest size would take longer than the time left:
     # one pair, whose training and scoring the clock bounds (both sides alike).
-    loaded = run._power_plan(task, 30.0, pace=100.0, seeds=None, data=data_dir)
+    loaded = run._power_plan(task, 30.0, pace=100.0, seeds=None)
     assert (
         loaded.size == min(task.sizes, key=lambda size: size.updates(task.batch_size)) and loaded.seeds == 1
     )

@@ -74,11 +74,24 @@ def score_examples(
     return correct
 
 
-def compare_task(name: str, task: DemoTask, data: Path, out: Path, sides: Sides, plan: PairPlan) -> dict:
+def compare_task(
+    name: str,
+    task: DemoTask,
+    data: Path,
+    out: Path,
+    sides: Sides,
+    plan: PairPlan,
+    held_out: list | None = None,
+) -> dict:
     """Seed pairs of ``task`` as ``plan`` sizes them, while the time holds another; each side's
     outcome on every scored report example is kept in its run folder, and the comparison over the
-    seeds is printed and returned (:func:`compare_sides`)."""
-    report = read_dataset(task.dataset, task.report_split, data)
+    seeds is printed and returned (:func:`compare_sides`). ``held_out``: the training split's last
+    examples, scored instead of the report split (the run sizes' measurement,
+    scripts/demo_plan_sizes.py; the demo itself passes none)."""
+    if held_out is None:
+        report = read_dataset(task.dataset, task.report_split, data)
+    else:  # named as what they are, in the kept outcomes and the result's metric
+        report, task = held_out, dataclasses.replace(task, report_split=f"train[-{len(held_out)}:]")
     runs: list[dict] = []
     pair_seconds: list[float] = []
     updates: int | None = None

@@ -3,12 +3,12 @@
 A task's comparison is told apart from training noise when pre-trained − from scratch clears the
 threshold that its seeds set (:func:`gptkit.data.metrics.seed_standard_error`): with N seeds the
 threshold is near t(0.975, N − 1) (12.7 with 2 seeds, 2.8 with 5), so a few cheap seeds beat two
-long ones. Each task's candidate run sizes carry what was measured of them on the sample data
-(docs/experiments.md, "Planning the demo's fine-tuning for power"): the effect and the spread of
-its per-seed differences, and the share of the error that the scored examples leave however many
-seeds run. The plan takes the size whose expected margin (effect over threshold × error) is
-largest for the seeds that the time holds, and then runs seeds, one pair at a time, while the time
-left holds another pair at the pace measured on the pairs so far.
+long ones. Each task's candidate run sizes carry what was measured of them on the sample data's
+held-out training examples (docs/experiments.md, "Planning the demo's fine-tuning for power"): the
+effect and the spread of its per-seed differences, and the share of the error that the scored
+examples leave however many seeds run. The plan takes the size whose expected margin (effect over
+threshold × error) is largest for the seeds that the time holds, and then runs seeds, one pair at a
+time, while the time left holds another pair at the pace measured on the pairs so far.
 """
 
 from __future__ import annotations
@@ -49,14 +49,18 @@ class Deadline:
 
 @dataclass(frozen=True)
 class RunSize:
-    """One fine-tuning run's size, and what was measured of it on the sample data (per seed pair:
-    pre-trained − from scratch on the report split)."""
+    """One fine-tuning run's size, and what was measured of it on the sample data: per seed pair,
+    pre-trained − from scratch on the held-out training examples (the training split's last
+    ``DemoTask.held_out``, which ``examples`` leave untouched), never on the split the demo reports."""
 
     examples: int  # the training split's first examples
     epochs: int
     effect: float  # mean per-seed difference measured
     seed_sd: float  # standard deviation of the per-seed differences measured
     shared_se: float  # the examples' share of the error, which more seeds do not shrink
+    # A seed's paired standard error over the scored examples: N seeds' error is never below
+    # example_se / √N (seed_standard_error's floor), however alike a few seeds happened to be.
+    example_se: float = 0.0
 
     def updates(self, batch_size: int) -> int:
         """Updates a run takes: whole batches an epoch (the sampler drops a ragged last batch)."""
@@ -73,10 +77,10 @@ def expected_margin(size: RunSize, seeds: int, examples: int) -> float:
     shared = size.shared_se**2
     over_seeds = float(t_quantile(0.975, seeds - 1))
     over_examples = float(t_quantile(0.975, examples - 1))
-    variance = between + shared
+    variance = max(between + shared, size.example_se**2 / seeds)
     if variance <= 0:
         return math.inf
-    threshold = max(2.0, (between * over_seeds + shared * over_examples) / variance)
+    threshold = max(2.0, (between * over_seeds + (variance - between) * over_examples) / variance)
     return abs(size.effect) / (threshold * math.sqrt(variance))
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from gptkit import hub
 from gptkit.config import check_choices
 from gptkit.data.prepare import prepare
-from gptkit.data.registry import DATASETS, read_dataset
+from gptkit.data.registry import DATASETS
 from gptkit.data.shards import TokenShard
 from gptkit.demo.compare import PairPlan, Sides, compare_task
 from gptkit.demo.plan import MAX_SEEDS, MIN_BUDGET_SECONDS, Deadline, choose_size, expected_margin, plan_time
@@ -198,7 +198,7 @@ def run_demo(config: DemoConfig) -> dict:
     )
 
     sides = Sides(str(out / "pretrain"), config.precision, config.device, config.quick)
-    planner = functools.partial(_power_plan, pace=pace, seeds=config.seeds, data=data)
+    planner = functools.partial(_power_plan, pace=pace, seeds=config.seeds)
     tasks = _finetune_stage("3/4", DEMO_TASKS, data, out, sides, plan.finetune_end, planner)
 
     _stage("4/4 sampling from the pre-trained model at the creativity sweep's recommended setting")
@@ -212,13 +212,14 @@ def run_demo(config: DemoConfig) -> dict:
     return _finish(out, summary, tasks, setting, samples, deadline)
 
 
-def _power_plan(task: DemoTask, seconds: float, pace: float, seeds: int | None, data: Path) -> PairPlan:
+def _power_plan(task: DemoTask, seconds: float, pace: float, seeds: int | None) -> PairPlan:
     """A task's pairs from pre-trained weights: the run size whose seeds, as many as ``seconds``
     hold at the ``pace`` pre-training measured, give the largest expected margin; then as many
-    pairs as the time holds (``seeds``: at most that many). ``--quick`` (inf): fixed and tiny."""
+    pairs as the time holds (``seeds``: at most that many). ``--quick`` (inf): fixed and tiny.
+    It reads no data: what it knows of the sizes was measured on held-out training examples."""
     if math.isinf(seconds):
         return PairPlan(QUICK_SIZE, seeds or 1, math.inf)
-    examples = len(read_dataset(task.dataset, task.report_split, data))
+    examples = task.held_out  # the margin at the example count the sizes' figures were measured on
     costs = {size: pair_seconds(task, size, pace) for size in task.sizes}
     size, expected = choose_size(task.sizes, seconds, costs, examples, seeds or MAX_SEEDS)
     print(
