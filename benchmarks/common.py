@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import statistics
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +31,8 @@ def settled_load() -> list[float] | None:
     do not wait."""
     if not hasattr(os, "getloadavg"):
         return None
-    if os.environ.get("GPTKIT_BENCH_SETTLED"):  # a benchmark's own worker process: it has waited
+    # A benchmark's own worker process (it has waited), or a script only rendering kept records.
+    if os.environ.get("GPTKIT_BENCH_SETTLED") or "--render" in sys.argv[1:]:
         return [round(x, 2) for x in os.getloadavg()]
     os.environ["GPTKIT_BENCH_SETTLED"] = "1"  # inherited by the workers it starts
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -63,13 +63,14 @@ RENDERED_ELSEWHERE = {"fuzz", "serve_soak"}
 METHODS = {
     "tokenizer_throughput": """
         {text[megabytes]} MB of text (the five Gutenberg books and the SST-2 training sentences), fresh
-        encoders each repetition (cold caches), alternating, medians. gptkit's GPT-2 encoder is
-        tiktoken's Rust core built from the shipped files, so parity is what to expect; GPT-1's ids are
+        encoders each repetition (cold caches), alternating, medians of 5 rounds with the least and
+        most. gptkit's GPT-2 encoder wraps tiktoken's Rust core, built from the shipped files, so
+        parity is what to expect; GPT-1's ids are
         checked identical to the straightforward pipeline's (ftfy, spaCy, BPE, a text at a time).""",
     "prepare_throughput": """
         `gptkit prepare --workers 2` (this process and one helper) against 1 worker on the Gutenberg
-        books, alternating, the shards checked byte-identical: a second worker pays only where a core is
-        free, and this run shared its 2 cores with other work (the load above). Memory: the peak
+        books, alternating, medians of 5 rounds with the least and most, the shards checked
+        byte-identical: a second worker pays only where a core is free. Memory: the peak
         resident set of a `prepare` run in a fresh process (workers summed, sampled every 20 ms) on a
         corpus against one 8 or 10 times smaller.""",
     "train_throughput": """
@@ -182,13 +183,14 @@ METHODS = {
     "serve_classify": """
         A GPT-2-small-shaped classifier (random weights, W_y on h_n at `_classify_`), 16 client threads
         sending one-sentence `/v1/classify` requests (SST-2 dev), against transformers'
-        text-classification pipeline with the same weights, one sentence at a time: both fp32, then the
-        server's default (`auto`: bf16 here) against the pipeline in fp32 and bf16, so that batching
-        and the dtype show apart. "Its step alone": the server's `classify` on the same batches in one
-        process. The adapter rows: 4 rank-8 LoRA adapters of one base, mixed requests against one
-        adapter's; the step on batches of 16 mixed over the 4, in one pass against one per adapter.
-        Alternating, medians of 3, under other work's load: the step rows' repeats spread more than tenfold
-        (each is in the JSON), so read them as this run's.""",
+        text-classification pipeline with the same weights in this process, given the sentences in
+        batches of 16 (its `batch_size`) and, as the gain from batching, one at a time: both fp32, then
+        the server's default (`auto`: bf16 where the CPU multiplies it natively, else fp32) against
+        the pipeline in fp32 and, where bf16 is native, in bf16. "Its step alone": the server's
+        `classify` on the same batches in one process. The adapter rows: 4 rank-8 LoRA adapters of one
+        base, mixed requests against one adapter's; the step on batches of 16 mixed over the 4, in one
+        pass against one per adapter. Alternating, medians of 5 rounds with the least and most in
+        brackets (each round is in the JSON).""",
     "serve_adapters_memory": """
         Each count of rank-8 adapters (c_attn, c_proj, c_fc and a classification head,
         {adapter_files_mb} MB of files each) over one GPT-2-small-shaped base is loaded by `gptkit
@@ -197,12 +199,17 @@ METHODS = {
         base as one full task model. After glibc's `malloc_trim` hands back the heap freed while
         loading, 16 adapters hold {results[adapters_16][resident_mb_after_malloc_trim]} MB.""",
     "evaluate_throughput": """
-        Tokens scored per second on the same text and random weights, fp32, alternating, medians;
-        results checked equal. Perplexity: {perplexity_tokens:,} tokens of WikiText-2 test, windows
-        batched. Zero-shot: {zeroshot_examples} Story Cloze dev stories, many (context, answer) pairs a
-        forward pass. Fine-tuned: {task_examples} stories in GPT-1's multiple-choice layout, the output
-        layer only at `<e>`, against `OpenAIGPTDoubleHeadsModel` (every position's logits) and
-        `OpenAIGPTModel` with the same head.""",
+        Tokens scored per second on the same text and random weights, fp32, the sides alternating,
+        medians of 5 rounds with the least and most in brackets ("on par" where those overlap);
+        results checked equal. Perplexity: {perplexity_tokens:,} tokens of WikiText-2 test in strided
+        windows, gptkit's batched 8 at a time, against transformers given the same batches of 8 (its
+        fp32 logits of every position: 1.6 GB a batch at context 1024) and one window at a time,
+        which is the faster of its two ways here. Zero-shot: {zeroshot_examples} Story Cloze dev
+        stories, 32 (context, answer) pairs a forward pass, longest first, against transformers on
+        the same batches right-padded with an attention mask, and one pair at a time. Fine-tuned:
+        {task_examples} stories in GPT-1's multiple-choice layout, the output layer only at `<e>`,
+        against `OpenAIGPTModel` with the same head on the same batches (the same network) and
+        `OpenAIGPTDoubleHeadsModel` (every position's logits, as a user calling it gets).""",
     "harness_throughput": """
         lm-eval's `simple_evaluate` on one model directory (GPT-2 small's shape, random weights, fp32,
         batch 32) through gptkit's model type and lm-eval's `hf` backend: {requests} requests, Story

@@ -1,6 +1,7 @@
-"""The docs' commands and links, checked against the code: every `gptkit ...` line in a shell block of
-README.md or docs/*.md parses with gptkit's own parser (nothing runs), and every relative link
-points at a file that exists (and, with a #fragment, at one of its headings)."""
+"""The docs' commands, links and figures, checked: every `gptkit ...` line in a command fence of
+README.md or docs/*.md parses with gptkit's own parser (nothing runs), every relative link points at
+a file that exists (and, with a #fragment, at one of its headings), and every figure a paragraph
+attributes to results.md is in the section it cites."""
 
 from __future__ import annotations
 
@@ -33,35 +34,61 @@ def _targets(text: str, line: str | None = None) -> list[str]:
     return _LINK.findall(line) + [definitions[name.lower()] for name in _REFERENCE.findall(line)]
 
 
+# A fence of shell commands: tagged as a shell, untagged, or whatever its tag opening on a command.
+_SHELL_TAGS = ("", "bash", "sh", "shell", "console")
+_OPENS_ON_A_COMMAND = re.compile(r"(\$ |gptkit |make |pip |python -m gptkit)")
+# A line that runs gptkit, after any environment assignments (HF_HOME=... gptkit ...); one reading
+# "gptkit prepare: error: ..." (argparse's prog, then a colon) is what gptkit printed instead.
+_RUNS_GPTKIT = re.compile(r"(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(?:gptkit|python -m gptkit)\s(?![\w ]+: )")
+
+
+def _command_fences(text: str) -> list[tuple[int, str]]:
+    """(line number of its first line, body) of each fence that holds commands: untagged or tagged as a
+    shell, or any other (text, python, ...) whose first line that is not a comment opens on a command."""
+    fences = []
+    for block in _FENCE.finditer(text):
+        lines = [line for line in block.group(2).splitlines() if line.strip()]
+        first = next((line for line in lines if not line.lstrip().startswith("#")), "")
+        if block.group(1) in _SHELL_TAGS or _OPENS_ON_A_COMMAND.match(first):
+            fences.append((text[: block.start(2)].count("\n") + 1, block.group(2)))
+    return fences
+
+
+def _gptkit_arguments(command: str) -> list[str] | None:
+    """The arguments of a `gptkit` (or `python -m gptkit`) command line, after any environment
+    assignments and before what the shell does around it; None for any other command."""
+    words = shlex.split(command, comments=True) if command else []
+    # What the shell does around the command (redirections, pipes) is not its arguments.
+    cut = [i for i, word in enumerate(words) if word in ("<", ">", "|", "&&", ";", "2>&1")]
+    words = words[: cut[0]] if cut else words
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
+        words.pop(0)
+    if words[:1] == ["gptkit"]:
+        return words[1:]
+    if words[:3] == ["python", "-m", "gptkit"]:
+        return words[3:]
+    return None
+
+
 def _shell_commands(path: Path) -> list[tuple[int, str]]:
-    """(line number, command) of each `gptkit` command in the file's bash/sh/shell blocks, with
+    """(line number, arguments) of each `gptkit` command in the file's command fences, with
     continuation lines joined and comments dropped."""
     text = path.read_text(encoding="utf-8")
     commands = []
-    for block in _FENCE.finditer(text):
-        if block.group(1) not in ("bash", "sh", "shell", "console"):
-            continue
-        first_line = text[: block.start(2)].count("\n") + 1
+    for first_line, body in _command_fences(text):
         joined, start = "", None
-        for offset, line in enumerate(block.group(2).splitlines()):
+        for offset, line in enumerate(body.splitlines()):
             line = line.removeprefix("$ ")
             if start is None:
                 start = first_line + offset
-            joined += line.rstrip("\\").rstrip() + " " if line.rstrip().endswith("\\") else line
             if line.rstrip().endswith("\\"):
+                joined += line.rstrip().rstrip("\\").rstrip() + " "
                 continue
+            joined += line
             command = joined.split(" #", 1)[0].strip()
-            # The command itself, after any environment assignments (HF_HOME=... gptkit ...).
-            words = shlex.split(command, comments=True) if command else []
-            # What the shell does around the command (redirections, pipes) is not its arguments.
-            cut = [i for i, word in enumerate(words) if word in ("<", ">", "|", "&&", ";", "2>&1")]
-            words = words[: cut[0]] if cut else words
-            while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
-                words.pop(0)
-            if words and words[0] in ("gptkit", "python -m gptkit"):
-                commands.append((start, shlex.join(words[1:])))
-            elif words[:3] == ["python", "-m", "gptkit"]:
-                commands.append((start, shlex.join(words[3:])))
+            arguments = _gptkit_arguments(command) if _RUNS_GPTKIT.match(command) else None
+            if arguments is not None:
+                commands.append((start, shlex.join(arguments)))
             joined, start = "", None
     return commands
 
@@ -127,8 +154,14 @@ def _section(path: Path, anchor: str) -> str:
     raise AssertionError(f"{path.name}: no heading with the anchor {anchor}")
 
 
-# A figure: a decimal (1.33, 0.89, +0.020), or a quantity with its unit (665 MB, 40 min 40 s).
-_FIGURE = re.compile(r"(?<![\w.-])(\d+\.\d+|\d[\d,]* MB|\d+ min \d+ s)(?![\d])")
+# A figure, in any unit, matched as its number is written (the rule is in the docstring of
+# test_every_figure_of_the_docs_is_in_the_results_it_cites).
+_NUMBER = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
+_UNIT = r"×|x\b|\s?%|\s(?:ms|s|min|h|[kMGT]i?B(?:/s)?|tok/s|tokens/s|req/s)(?![\w/]|\.\w)"
+_FIGURE = re.compile(
+    rf"(?<![\w.,/-])(?:\d+ min \d+ s|(?:{_NUMBER})(?={_UNIT})|\d{{1,3}}(?:,\d{{3}})+(?:\.\d+)?|\d+\.\d+)"
+    r"(?!\.?\d|,\d|[eE][-+]?\d|-\d)"
+)
 
 
 def _whole(figure: str) -> str:
@@ -184,6 +217,139 @@ def test_every_readme_figure_is_in_the_table_it_links_to(claim):
     assert figures, f"README claim without a figure: {line}"
     missing = [f for f in figures if not re.search(_whole(f), sections)]
     assert not missing, f"not in the linked sections: {missing} ({line[:60]}...)"
+
+
+RESULTS, EXPERIMENTS = REPO / "docs" / "results.md", REPO / "docs" / "experiments.md"
+# Prose that cites results: README.md and docs/*.md but results.md itself (rendered from results/*.json)
+# and experiments.md (a dated lab notebook: each section is dated and its figures are that day's
+# records, not today's tables).
+PROSE = [path for path in DOCS if path.name not in ("results.md", "experiments.md")]
+# A block rendered into a prose doc from a results JSON by its benchmark (operations.md's fuzz and soak).
+_RENDERED = re.compile(r"^<!-- begin: rendered from (results/\w+\.json).*?^<!-- end\b.*?$", re.M | re.S)
+_JSON = re.compile(r"(?<![\w/])results/(\w+)\.json")
+_CODE = re.compile(r"`[^`]*`")
+
+
+def _paragraphs(path: Path) -> list[tuple[int, str]]:
+    """(first line, text) of each block of consecutive non-blank lines outside fences and rendered
+    blocks: a list's items or a table's rows are one block."""
+    text = _RENDERED.sub(lambda block: "\n" * block.group(0).count("\n"), path.read_text(encoding="utf-8"))
+    text = _FENCE.sub(lambda block: "\n" * block.group(0).count("\n"), text)
+    blocks: list[tuple[int, str]] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if blocks and blocks[-1][0] + blocks[-1][1].count("\n") == number - 1:
+            blocks[-1] = (blocks[-1][0], blocks[-1][1] + "\n" + line)
+        else:
+            blocks.append((number, line))
+    return blocks
+
+
+def _rendered_from(name: str) -> str:
+    """The text that renders results/<name>.json: a block of a prose doc between its markers, else
+    the section of results.md headed with its benchmark's title (scripts/render_results.py)."""
+    for path in PROSE:
+        for block in _RENDERED.finditer(path.read_text(encoding="utf-8")):
+            if block.group(1) == f"results/{name}.json":
+                return block.group(0)
+    sys.path.insert(0, str(REPO / "scripts"))
+    import render_results
+
+    title = render_results.title(json.loads((REPO / "results" / f"{name}.json").read_text(encoding="utf-8")))
+    return _section(RESULTS, re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-"))
+
+
+def _prose(paragraph: str) -> str:
+    """The paragraph as a reader reads its figures, line for line: no code spans, link targets or
+    definitions."""
+    paragraph = re.sub(
+        r"\]\([^)\s]+\)", "]", _CODE.sub(lambda span: "\n" * span.group(0).count("\n"), paragraph)
+    )
+    return "\n".join("" if _DEFINITION.match(line) else line for line in paragraph.splitlines())
+
+
+def _citations(path: Path, paragraph: str) -> list[str]:
+    """What the paragraph cites, by its path from the repository: each section of results.md it links
+    to (a link without an anchor: the whole file), each results JSON it names by path, or
+    docs/results.md named in its prose; with any of those, each section of experiments.md it links to."""
+    definitions = {name.lower(): target for name, target in _DEFINITION.findall(path.read_text("utf-8"))}
+    targets = _LINK.findall(paragraph) + [
+        definitions[name.lower()] for name in _REFERENCE.findall(paragraph) if name.lower() in definitions
+    ]
+    results, experiments = [], []
+    for target in targets:
+        file_part, hash_sign, anchor = target.partition("#")
+        linked = (path.parent / file_part).resolve() if file_part else None
+        if linked == RESULTS:
+            results.append(f"docs/results.md{hash_sign}{anchor}")
+        elif linked == EXPERIMENTS and anchor:
+            experiments.append(f"docs/experiments.md#{anchor}")
+    results += [f"results/{name}.json" for name in _JSON.findall(paragraph)]
+    if not results and "docs/results.md" in _prose(paragraph):  # named, not linked
+        results.append("docs/results.md")
+    return results + experiments if results else []
+
+
+def _cited_text(citation: str) -> str:
+    """The text a citation from _citations points at."""
+    if citation.startswith("results/"):
+        return _rendered_from(Path(citation).stem)
+    file_part, _, anchor = citation.partition("#")
+    return _section(REPO / file_part, anchor) if anchor else (REPO / file_part).read_text("utf-8")
+
+
+def _citing_paragraphs() -> list[tuple[Path, int, str, list[str]]]:
+    """(doc, line, paragraph, citations) of each paragraph of the prose docs that cites results; a
+    table or list that such a paragraph introduces (ending on a colon) cites what it cites."""
+    found = []
+    for path in PROSE:
+        introduced: list[str] = []
+        for line, paragraph in _paragraphs(path):
+            citations = _citations(path, paragraph) or (introduced if paragraph[0] in "|-" else [])
+            if citations:
+                found.append((path, line, paragraph, citations))
+            introduced = citations if paragraph.rstrip().endswith(":") else []
+    return found
+
+
+CITING = _citing_paragraphs()
+
+
+def test_the_docs_cite_results():
+    figures = sum(len(_FIGURE.findall(_prose(paragraph))) for _, _, paragraph, _ in CITING)
+    assert len(CITING) > 15 and figures > 100  # the docs quote many: too few means the reader broke
+
+
+@pytest.mark.parametrize(
+    "path, line, paragraph, citations", CITING, ids=[f"{p.relative_to(REPO)}:{n}" for p, n, _, _ in CITING]
+)
+def test_every_figure_of_the_docs_is_in_the_results_it_cites(path, line, paragraph, citations):
+    """A paragraph of README.md or docs/*.md (but results.md, rendered from results/*.json, and
+    experiments.md, a dated lab notebook: each of its sections is dated and its figures are that
+    day's records) that links to a section of results.md or names a results JSON quotes it: each of
+    its figures is in a section it cites, as the section writes it, so a rerun that changes the
+    section shows here. A figure of a dated experiment is cited there, by a link to its section.
+
+    A figure is a decimal (1.38), a number grouped by commas (1,034; also found ungrouped, 1034), or
+    a number carrying a measured unit: a ratio (2.6×, 3x), a percentage (12%, 3.5 %), a time (ms, s,
+    min, h: 431 ms, 40 min 40 s), a size (kB, MB, MiB, GB, GiB: 742 MiB) or a rate (tok/s, tokens/s,
+    req/s, MB/s: 23 tok/s). Not figures: settings written as plain
+    integers (GPT-2 small, 12 layers, batch 8 × 256, 2 cores, 16 clients, context 1024, seed 1337),
+    dates and versions (2026-12-03, torch 2.13.0: numbers run on with points or dashes), e-notation
+    (6e-3), code spans (`--lr 0.5`) and link targets."""
+    sections = "\n".join(_cited_text(citation) for citation in citations)
+    missing = [
+        f"{path.relative_to(REPO)}:{line + offset}: {figure}"
+        for offset, text in enumerate(_prose(paragraph).splitlines())
+        for figure in _FIGURE.findall(text)
+        if not re.search(_whole(figure), sections)
+        and not re.search(_whole(figure.replace(",", "")), sections)
+    ]
+    assert not missing, (
+        f"{'; '.join(missing)}: not in what the paragraph cites ({', '.join(citations)}); quote the "
+        "section, cite where the figure comes from, or drop it"
+    )
 
 
 def test_results_md_is_what_the_benchmarks_printed():

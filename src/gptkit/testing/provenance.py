@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-
 # What the benchmarks themselves write (`make bench` keeps each one's JSON before the next starts):
 # a difference there is a measurement kept, not other code measured.
 OUTPUTS = ("results", "docs/results.md")
