@@ -5,9 +5,10 @@ forward + backward + AdamW. fp32 and bf16 autocast. Each measurement runs in a f
 peak RSS is its own), the two libraries alternate, ROUNDS rounds, medians with each side's least and
 most. MFU is against a 2048³ matmul measured in the same run. Both sides get the same threads and
 the same allocator: glibc kept from returning freed memory (gptkit.train.memory, what gptkit's
-Trainer sets on a CPU; `--plain-malloc` runs a worker with glibc's defaults); gptkit uses its fused output-layer loss
-(no logits returned), as its Trainer does. Each side is also run under torch.compile (fp32, tuned
-allocator; the steps timed after COMPILE_WARMUP warm-up steps, the compilation among them).
+Trainer sets on a CPU; `--plain-malloc` runs a worker with glibc's defaults); gptkit uses its fused
+output-layer loss (no logits returned), as its Trainer does. Each side is also run under
+torch.compile (fp32, the same allocator; the steps timed after COMPILE_WARMUP warm-up steps, the
+compilation among them).
 
 bf16 is skipped (ratio null, with the reason) on a CPU that does not multiply it natively, where it
 runs 30-65x slower than fp32; a measurement running past common.TIME_LIMIT_S is killed and its

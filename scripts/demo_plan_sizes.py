@@ -11,7 +11,7 @@ power plan reads: effect (the mean difference), seed_sd (the per-seed difference
 deviation) and shared_se (the examples' share of the error, which more seeds do not shrink:
 √E of gptkit.data.metrics.seed_standard_error). The runs' progress goes to stderr.
 
-  python scripts/demo_plan_sizes.py /tmp/planrun/pretrain --data ../shared/data \\
+  python scripts/demo_plan_sizes.py runs/demo/pretrain --data ../shared/data \\
       --task sst2 --sizes 256x8,512x6 --seeds 4
 """
 
