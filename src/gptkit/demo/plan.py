@@ -4,11 +4,12 @@ A task's comparison is told apart from training noise when pre-trained − from 
 threshold that its seeds set (:func:`gptkit.data.metrics.seed_standard_error`): with N seeds the
 threshold is near t(0.975, N − 1) (12.7 with 2 seeds, 2.8 with 5), so a few cheap seeds beat two
 long ones. Each task's candidate run sizes carry what was measured of them on the sample data's
-held-out training examples (docs/experiments.md, "Planning the demo's fine-tuning for power"): the
-effect and the spread of its per-seed differences, and the share of the error that the scored
-examples leave however many seeds run. The plan takes the size whose expected margin (effect over
-threshold × error) is largest for the seeds that the time holds, and then runs seeds, one pair at a
-time, while the time left holds another pair at the pace measured on the pairs so far.
+held-out training examples (docs/experiments.md, "The demo's run sizes measured on held-out
+training examples"): the effect and the spread of its per-seed differences, and the share of the
+error that the scored examples leave however many seeds run. The plan takes the size whose expected
+margin (effect over threshold × error) is largest for the seeds that the time holds, and then runs
+seeds, one pair at a time, while the time left holds another pair at the pace measured on the
+pairs so far.
 """
 
 from __future__ import annotations
