@@ -26,11 +26,9 @@ from gptkit.generation.sampling import MAX_LOGPROBS
 from gptkit.serve.endpoints import (
     Completion,
     ServerState,
-    check_api_key,
+    authorized_request,
     engine_error,
     finished,
-    read_json_body,
-    served_model,
     sse_data,
     submit,
 )
@@ -105,9 +103,7 @@ def chat_ids(tokenizer: Tokenizer, text: str) -> list[int]:
 
 async def chat_complete(server: ServerState, http: Request) -> Response:
     """``POST /v1/chat/completions``: render, check, queue, then answer whole or as a stream."""
-    check_api_key(http, server.api_key)
-    body = await read_json_body(http, server.limits.max_body_bytes)
-    served = served_model(server, body, CHAT_COMPLETIONS)
+    body, served = await authorized_request(server, http, CHAT_COMPLETIONS)
     engine = served.engine
     prompt = prompt_of(served, body)
     request = parse_completion_request(

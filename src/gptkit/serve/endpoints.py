@@ -137,6 +137,14 @@ async def read_json_body(http: Request, limit: int) -> Any:
         ) from None
 
 
+async def authorized_request(server: ServerState, http: Request, endpoint: str) -> tuple[Any, ServedModel]:
+    """A model endpoint's first steps: the API key checked, the JSON body read within the server's
+    limit, and the model it names, which must answer ``endpoint``."""
+    check_api_key(http, server.api_key)
+    body = await read_json_body(http, server.limits.max_body_bytes)
+    return body, served_model(server, body, endpoint)
+
+
 def served_model(server: ServerState, body: Any, endpoint: str) -> ServedModel:
     """The model a request names: 404 when none has that name, 400 when it does not answer ``endpoint``."""
     name = requested_model(body)
@@ -171,9 +179,7 @@ def _encode_prompts(engine: Engine, request: CompletionRequest) -> list[tuple[li
 
 async def complete(server: ServerState, http: Request) -> Response:
     """``POST /v1/completions``: check, queue, then answer whole or as a stream."""
-    check_api_key(http, server.api_key)
-    body = await read_json_body(http, server.limits.max_body_bytes)
-    served = served_model(server, body, COMPLETIONS)
+    body, served = await authorized_request(server, http, COMPLETIONS)
     engine = served.engine
     request = parse_completion_request(body, server.limits, engine.model.config.total_vocab_size)
     logprobs = LogprobsWriter(engine.tokenizer)
@@ -224,9 +230,7 @@ def submit(engine: Engine, completion: Completion) -> None:
 
 async def classify(server: ServerState, http: Request) -> Response:
     """``POST /v1/classify``: the task's inputs → labels and probabilities, batched with other requests."""
-    check_api_key(http, server.api_key)
-    body = await read_json_body(http, server.limits.max_body_bytes)
-    served = served_model(server, body, CLASSIFY)
+    body, served = await authorized_request(server, http, CLASSIFY)
     task = served.task
     request = parse_classify_request(body, server.limits, task.spec.task)
     try:
@@ -247,9 +251,7 @@ async def classify(server: ServerState, http: Request) -> Response:
 
 async def embed(server: ServerState, http: Request) -> Response:
     """``POST /v1/embeddings``: each input's h_n at its last token (see :mod:`gptkit.serve.models`)."""
-    check_api_key(http, server.api_key)
-    body = await read_json_body(http, server.limits.max_body_bytes)
-    served = served_model(server, body, EMBEDDINGS)
+    body, served = await authorized_request(server, http, EMBEDDINGS)
     config = served.gpt.config
     request = parse_embedding_request(body, server.limits, config.total_vocab_size, config.d_model)
     sequences = []
