@@ -21,7 +21,7 @@ SHAPE, STAGE, ROUNDS = "gpt2 small", "pretrain", 5
 
 
 def main() -> None:
-    from gptkit.train.estimate import estimate
+    from gptkit.train.memory.estimate import estimate
 
     runs: dict[str, list[dict]] = {mode: [] for mode in MODES}
     for _ in range(ROUNDS):

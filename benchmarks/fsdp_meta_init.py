@@ -1,7 +1,7 @@
 """Meta-device initialisation under FSDP2: each rank's peak resident memory while a GPT-2-medium
 shape is built and sharded over 2 processes (gloo, CPU), built the ordinary way (the whole fp32
 model on every rank, then ``fully_shard``) against built on ``meta`` and each rank's shards
-materialised (:mod:`gptkit.train.meta_init`), in one run.
+materialised (:mod:`gptkit.train.distributed.meta_init`), in one run.
 
 Each measurement is a fresh pair of processes (peak RSS only grows), started after the process
 group, the imports and a warm-up (a tiny model sharded the same way); the two ways alternate, ROUNDS times, and each
@@ -39,8 +39,8 @@ def worker(rank: int, way: str, port: int, results) -> None:
     from gptkit import GPT, GPTConfig
     from gptkit.testing.processes import torchrun_environment
     from gptkit.train.config import TrainConfig
-    from gptkit.train.distributed import init_distributed, shutdown_distributed, wrap_model
-    from gptkit.train.meta_init import build_sharded
+    from gptkit.train.distributed.meta_init import build_sharded
+    from gptkit.train.distributed.processes import init_distributed, shutdown_distributed, wrap_model
 
     torchrun_environment(rank, WORLD_SIZE, port)
     torch.set_num_threads(1)

@@ -31,8 +31,8 @@ from gptkit.demo.tasks import demo_corpus
 from gptkit.generation import load_for_generation
 from gptkit.tokenizer.chat_template import CHAT_TEMPLATE
 from gptkit.tokenizer.train import train_bpe
-from gptkit.train.finetune import FinetuneConfig, finetune, paper_finetuning
-from gptkit.train.finetune_generation import LABEL_WORDS, as_generation, greedy_answers
+from gptkit.train.finetune.generation import LABEL_WORDS, as_generation, greedy_answers
+from gptkit.train.finetune.tasks import FinetuneConfig, finetune, paper_finetuning
 from gptkit.train.pretrain import pretrain
 from gptkit.train.recipes import RECIPES
 from gptkit.train.run import ModelShape

@@ -80,7 +80,7 @@ def worker(variant: str) -> None:
     """One variant in its own process (its peak RSS is its own): its figures as one JSON line."""
     import torch
 
-    from gptkit.train.memory import keep_freed_memory
+    from gptkit.train.memory.allocator import keep_freed_memory
     from gptkit.train.optim import build_optimizer
 
     keep_freed_memory()  # as gptkit's Trainer does on CPU

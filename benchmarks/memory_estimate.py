@@ -4,7 +4,7 @@ measured when the same update runs on real tensors on this CPU.
 Grid: GPT-2 small and medium shapes × {pretrain, fine-tune every weight, LoRA rank 8} × {no
 activation checkpointing, full}; fp32, AdamW, one device. The estimate is `gptkit estimate ...
 --target cpu` (this CPU's attention paths). The measurement runs in a fresh process: the same model
-and Trainer step (gptkit.train.simulation.build_trainer) on real tensors, two updates; its peak is
+and Trainer step (gptkit.train.memory.simulation.build_trainer) on real tensors, two updates; its peak is
 taken above what the process held before the model was built, so it counts the parameters as the
 estimate does. Two peaks are measured: of the bytes malloc has handed out and not had back
 (glibc's mallinfo2, sampled every 2 ms: every allocation, torch's or not), the one compared; and of the resident set (VmHWM), recorded beside it, which also holds the freed memory
@@ -42,16 +42,16 @@ UPDATES = 2  # the first allocates the optimizer's moments; the second is the st
 
 
 def simulation(shape: str, stage: str, checkpointing: str, batch: int = BATCH, precision: str = "fp32"):
-    """The run to estimate and measure, as gptkit.train.estimate describes it."""
+    """The run to estimate and measure, as gptkit.train.memory.estimate describes it."""
     from gptkit.train.config import TrainConfig
-    from gptkit.train.estimate import (
+    from gptkit.train.finetune.tasks import FinetuneConfig, LoRAConfig
+    from gptkit.train.memory.estimate import (
         EstimateOptions,
         FinetuneEstimateConfig,
         PretrainEstimateConfig,
         finetune_simulation,
         pretrain_simulation,
     )
-    from gptkit.train.finetune import FinetuneConfig, LoRAConfig
     from gptkit.train.run import ModelShape
 
     train = TrainConfig(
@@ -118,8 +118,8 @@ def measure(shape: str, stage: str, checkpointing: str, batch: int = BATCH, prec
 
     import torch
 
-    from gptkit.train.distributed import DistributedContext
-    from gptkit.train.simulation import build_trainer, held_states
+    from gptkit.train.distributed.processes import DistributedContext
+    from gptkit.train.memory.simulation import build_trainer, held_states
 
     sim = simulation(shape, stage, checkpointing, batch, precision)
     torch.manual_seed(0)
@@ -175,7 +175,7 @@ def measured_in_fresh_process(
 def hand_arithmetic(shape: str, stage: str) -> dict[str, int]:
     """Bytes of parameters, gradients and AdamW's moments in fp32, counted from the shape."""
     from gptkit.config import GPTConfig
-    from gptkit.train.estimate import PUBLISHED
+    from gptkit.train.memory.estimate import PUBLISHED
 
     c = GPTConfig.from_preset(PUBLISHED[SHAPES[shape]["init"]])
     d, layers = c.d_model, c.n_layer
@@ -196,7 +196,7 @@ def hand_arithmetic(shape: str, stage: str) -> dict[str, int]:
 
 
 def main(quick: bool) -> None:
-    from gptkit.train.estimate import estimate
+    from gptkit.train.memory.estimate import estimate
 
     shapes = ["gpt2 small"] if quick else list(SHAPES)
     comparisons, rows = [], []

@@ -4,7 +4,7 @@ Shape: 6 layers, d 384, 6 heads, context 256, vocabulary 40478, batch 8, dropout
 forward + backward + AdamW. fp32 and bf16 autocast. Each measurement runs in a fresh process (so
 peak RSS is its own), the two libraries alternate, ROUNDS rounds, medians with each side's least and
 most. MFU is against a 2048³ matmul measured in the same run. Both sides get the same threads and
-the same allocator: glibc kept from returning freed memory (gptkit.train.memory, what gptkit's
+the same allocator: glibc kept from returning freed memory (gptkit.train.memory.allocator, what gptkit's
 Trainer sets on a CPU; `--plain-malloc` runs a worker with glibc's defaults); gptkit uses its fused
 output-layer loss (no logits returned), as its Trainer does. Each side is also run under
 torch.compile (fp32, the same allocator; the steps timed after COMPILE_WARMUP warm-up steps, the
@@ -56,7 +56,7 @@ def model_and_optimizer(library: str, tuned_malloc: bool) -> tuple:
     """SHAPE's model, on DEVICE in training mode, and its AdamW, each as the library's users build them."""
     import torch
 
-    from gptkit.train.memory import keep_freed_memory
+    from gptkit.train.memory.allocator import keep_freed_memory
 
     if tuned_malloc and DEVICE == "cpu":
         keep_freed_memory()  # as gptkit's Trainer does on CPU; for both sides alike

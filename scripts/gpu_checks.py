@@ -30,7 +30,7 @@ import torch
 
 from gptkit import GPT, GPTConfig
 from gptkit.hardware import bf16_native
-from gptkit.train.activation_checkpointing import apply_activation_checkpointing
+from gptkit.train.memory.activation_checkpointing import apply_activation_checkpointing
 
 DEVICE = "cuda"  # --device
 
@@ -155,7 +155,7 @@ def check_sharded_checkpoint_resume() -> dict:
 def _offload_simulation(devices: int, offload: bool):
     """GPT-2 small pre-training under FSDP2 (optionally offloaded), 4 sequences of 512 a device."""
     from gptkit.train.config import TrainConfig
-    from gptkit.train.estimate import EstimateOptions, PretrainEstimateConfig, pretrain_simulation
+    from gptkit.train.memory.estimate import EstimateOptions, PretrainEstimateConfig, pretrain_simulation
     from gptkit.train.run import ModelShape
 
     train = TrainConfig(
@@ -169,8 +169,8 @@ def _offload_simulation(devices: int, offload: bool):
 def offload_worker(offload: bool) -> None:
     """One torchrun process: two real FSDP2 updates of :func:`_offload_simulation`'s run; rank 0
     prints the device's peak (max_memory_allocated above what the process held before)."""
-    from gptkit.train.distributed import init_distributed, shutdown_distributed
-    from gptkit.train.simulation import build_trainer
+    from gptkit.train.distributed.processes import init_distributed, shutdown_distributed
+    from gptkit.train.memory.simulation import build_trainer
 
     ctx = init_distributed(DEVICE)
     simulation = _offload_simulation(ctx.world_size, offload)
@@ -191,7 +191,7 @@ def offload_worker(offload: bool) -> None:
 def check_estimate_with_offload() -> dict:
     """`gptkit estimate --target gpu`'s device peak against max_memory_allocated of the same FSDP2
     update on every GPU, with and without CPU offload (the offloaded states are the host's)."""
-    from gptkit.train.estimate import estimate
+    from gptkit.train.memory.estimate import estimate
 
     gpus = _device_count()
     if gpus < 2:

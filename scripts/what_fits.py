@@ -2,10 +2,10 @@
 
 For each published shape, stage (fine-tuning every weight, LoRA rank 8, pre-training) and activation
 checkpointing (none, full), on one GPU and on 8 with DDP or FSDP2: the simulated training update's
-peak per device (gptkit.train.simulation: two Trainer updates on fake tensors, bf16 with CUDA
+peak per device (gptkit.train.memory.simulation: two Trainer updates on fake tensors, bf16 with CUDA
 autocast's precision per operation, AdamW, attention as a GPU's fused kernels store it) as a
 function of the per-device batch (PeakCurve), and each cell the largest batch whose peak fits 90% of
-the memory, found by gptkit.train.estimate.largest_batch as `gptkit estimate ... --memory SIZE`
+the memory, found by gptkit.train.memory.estimate.largest_batch as `gptkit estimate ... --memory SIZE`
 finds it. Memory sizes are GiB (2^30 bytes; what GPU makers sell as "80 GB" is 80 GiB). Below 16
 sequences every peak the search asks for is simulated; above 16 the line through the simulated
 peaks at 8 and 16 sequences stands in for the simulation (checked on GPT-1: it agrees exactly up to
@@ -25,7 +25,8 @@ from types import SimpleNamespace
 
 from gptkit.config import GPTConfig
 from gptkit.train.config import TrainConfig
-from gptkit.train.estimate import (
+from gptkit.train.finetune.tasks import FinetuneConfig, LoRAConfig
+from gptkit.train.memory.estimate import (
     PUBLISHED,
     EstimateOptions,
     FinetuneEstimateConfig,
@@ -34,9 +35,8 @@ from gptkit.train.estimate import (
     largest_batch,
     pretrain_simulation,
 )
-from gptkit.train.finetune import FinetuneConfig, LoRAConfig
+from gptkit.train.memory.simulation import simulate
 from gptkit.train.run import ModelShape
-from gptkit.train.simulation import simulate
 
 GIB = 2**30
 SINGLE = (16, 24, 40, 80)  # one GPU, GiB
@@ -90,7 +90,7 @@ class PeakCurve:
         return SimpleNamespace(batch_size=batch, peak_bytes=peak + self.extra)
 
     def largest(self, gib: int) -> int:
-        """The largest batch whose peak fits 90% of ``gib`` GiB (gptkit.train.estimate's search)."""
+        """The largest batch whose peak fits 90% of ``gib`` GiB (gptkit.train.memory.estimate's search)."""
         return largest_batch(self.sim, gib * GIB, self.run(self.sim, 1), run=self.run)
 
 

@@ -10,8 +10,8 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gptkit import GPT, GPTConfig
-from gptkit.train.activation_checkpointing import apply_activation_checkpointing
 from gptkit.train.config import TrainConfig
+from gptkit.train.memory.activation_checkpointing import apply_activation_checkpointing
 
 N_LAYER = 3
 

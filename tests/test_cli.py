@@ -477,7 +477,7 @@ def test_each_training_command_keeps_its_own_defaults_in_its_nested_configs():
     (TrainConfig's own), `gptkit finetune`'s (and the suite's, and the transfer curve's) the paper's
     fine-tuning settings (§4.1), written here from the paper, not from the code."""
     from gptkit.train.config import TrainConfig
-    from gptkit.train.finetune import FinetuneConfig, LoRAConfig, resolved_training
+    from gptkit.train.finetune.tasks import FinetuneConfig, LoRAConfig, resolved_training
     from gptkit.train.pretrain import PretrainConfig
     from gptkit.train.run import ModelShape
 
@@ -508,7 +508,7 @@ def test_each_training_command_keeps_its_own_defaults_in_its_nested_configs():
 
 
 def test_nested_flags_keep_their_flat_names_and_fill_the_nested_configs():
-    from gptkit.train.finetune import LoRAConfig
+    from gptkit.train.finetune.tasks import LoRAConfig
 
     (config,) = _configs(
         "finetune", "--dataset", "sst2", "--init", "gpt2", "--n-layer", "2", "--lora-rank", "4",
@@ -557,7 +557,7 @@ def test_a_nested_config_round_trips_through_json_and_the_config_file(tmp_path):
     import dataclasses
 
     from gptkit.config import flat_fields
-    from gptkit.train.finetune import FinetuneConfig, LoRAConfig, paper_finetuning
+    from gptkit.train.finetune.tasks import FinetuneConfig, LoRAConfig, paper_finetuning
     from gptkit.train.run import ModelShape
 
     config = FinetuneConfig(

@@ -325,7 +325,7 @@ def test_both_sides_of_a_seed_start_from_one_head_and_see_the_same_examples(data
     from gptkit import GPT, GPTConfig
     from gptkit.model.task import TaskModel
     from gptkit.tokenizer import Tokenizer
-    from gptkit.train.finetune import FinetuneConfig, finetune, paper_finetuning
+    from gptkit.train.finetune.tasks import FinetuneConfig, finetune, paper_finetuning
     from gptkit.train.run import ModelShape
 
     tokenizer = Tokenizer.from_pretrained(data_dir / "gpt2_bpe")

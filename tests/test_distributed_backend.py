@@ -63,7 +63,7 @@ def clip_host_shards(rank: int, world_size: int, port: int, results) -> None:
 
 
 def test_process_group_backend_names_a_host_backend_beside_nccl():
-    from gptkit.train.distributed import process_group_backend
+    from gptkit.train.distributed.processes import process_group_backend
 
     assert process_group_backend("cuda") == "cuda:nccl,cpu:gloo"
     assert process_group_backend("cpu") == "gloo"

@@ -19,8 +19,10 @@ from gptkit.cli import main
 from gptkit.config import GPTConfig
 from gptkit.model import GPT
 from gptkit.train.config import TrainConfig
-from gptkit.train.cuda_autocast import cuda_autocast_rules
-from gptkit.train.estimate import (
+from gptkit.train.finetune.tasks import FinetuneConfig, LoRAConfig
+from gptkit.train.loop import Trainer
+from gptkit.train.memory.cuda_autocast import cuda_autocast_rules
+from gptkit.train.memory.estimate import (
     EstimateOptions,
     FinetuneEstimateConfig,
     PretrainEstimateConfig,
@@ -31,11 +33,9 @@ from gptkit.train.estimate import (
     parse_size,
     pretrain_simulation,
 )
-from gptkit.train.finetune import FinetuneConfig, LoRAConfig
-from gptkit.train.loop import Trainer
+from gptkit.train.memory.simulation import build_trainer, simulate, simulated_ranks
+from gptkit.train.memory.torch_internals import fake_tensor_mode
 from gptkit.train.run import ModelShape, build_model, sequence_length
-from gptkit.train.simulation import build_trainer, simulate, simulated_ranks
-from gptkit.train.torch_internals import fake_tensor_mode
 
 # 2 layers, d 32, 4 heads, vocabulary 512, context 64 (the "tiny" preset's, with 4 heads).
 D, LAYERS, VOCAB, CONTEXT = 32, 2, 512, 64

@@ -27,13 +27,13 @@ from hypothesis import HealthCheck, Phase, event, example, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
 
-import gptkit.train.checkpointer as checkpointer_module
+import gptkit.train.checkpoints.checkpointer as checkpointer_module
 import gptkit.train.pretrain as pretrain_module
 from gptkit.cli import main
 from gptkit.data.prepare import prepare
 from gptkit.io import writer_lock
 from gptkit.tokenizer import train_bpe
-from gptkit.train.checkpointer import verify_manifest
+from gptkit.train.checkpoints.checkpointer import verify_manifest
 from gptkit.train.rundir import RunDir
 
 pytestmark = pytest.mark.slow  # real training processes, stopped and resumed

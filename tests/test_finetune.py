@@ -19,7 +19,7 @@ from gptkit.data.tables import read_table
 from gptkit.data.tasks import TaskSpec, build_sequences, collate, encode_examples, fit_segments
 from gptkit.evaluate.finetuned import evaluate_model, predict
 from gptkit.model.task import TaskModel
-from gptkit.train.finetune import FinetuneConfig, finetune, paper_finetuning
+from gptkit.train.finetune.tasks import FinetuneConfig, finetune, paper_finetuning
 from gptkit.train.run import ModelShape
 
 SPECIALS = {"_start_": 100, "_delimiter_": 101, "_classify_": 102}

@@ -21,8 +21,8 @@ from gptkit.model.completion import CompletionModel
 from gptkit.tokenizer import END_OF_TEXT, Tokenizer
 from gptkit.tokenizer.chat_template import CHAT_TEMPLATE, prompt_text, read_chat_template, render_chat
 from gptkit.train.config import TrainConfig
-from gptkit.train.finetune import FinetuneConfig, finetune, paper_finetuning
-from gptkit.train.finetune_config import LoRAConfig
+from gptkit.train.finetune.config import LoRAConfig
+from gptkit.train.finetune.tasks import FinetuneConfig, finetune, paper_finetuning
 from gptkit.train.loop import Trainer
 from gptkit.train.run import ModelShape
 

@@ -32,7 +32,7 @@ from gptkit.serve.models import CLASSIFY, EMBEDDINGS, embed, load_models
 from gptkit.testing.adapters import write_adapter_run
 from gptkit.tokenizer import Tokenizer
 from gptkit.train.config import TrainConfig
-from gptkit.train.finetune import FinetuneConfig, LoRAConfig, finetune, paper_finetuning
+from gptkit.train.finetune.tasks import FinetuneConfig, LoRAConfig, finetune, paper_finetuning
 from gptkit.train.run import ModelShape
 from gptkit.train.rundir import RunDir
 

@@ -14,7 +14,7 @@ from gptkit import GPT, GPTConfig
 from gptkit.testing.processes import free_port, torchrun_environment
 from gptkit.train import meta_init
 from gptkit.train.config import TrainConfig
-from gptkit.train.meta_init import dim0_rows
+from gptkit.train.distributed.meta_init import dim0_rows
 
 # Uneven on purpose: 37 rows of the embedding do not split evenly over 2 processes.
 CONFIG = GPTConfig(vocab_size=37, context_length=16, n_layer=2, n_head=2, d_model=8)
@@ -24,8 +24,12 @@ def sharded_then_gathered(
     rank: int, world_size: int, port: int, config: GPTConfig, offload: bool, init: str | None, results
 ):
     """New weights of ``config``, or pre-training's build of ``init``'s weights (a model folder)."""
-    from gptkit.train.distributed import full_model_state_dict, init_distributed, shutdown_distributed
-    from gptkit.train.meta_init import build_sharded
+    from gptkit.train.distributed.meta_init import build_sharded
+    from gptkit.train.distributed.processes import (
+        full_model_state_dict,
+        init_distributed,
+        shutdown_distributed,
+    )
     from gptkit.train.pretrain import build_wrapped
     from gptkit.train.run import ModelShape
 

@@ -20,7 +20,7 @@ from gptkit.data.tasks import (
 )
 from gptkit.evaluate.finetuned import predict
 from gptkit.model.task import TaskModel
-from gptkit.train.finetune import FinetuneConfig, finetune, paper_finetuning
+from gptkit.train.finetune.tasks import FinetuneConfig, finetune, paper_finetuning
 from gptkit.train.run import ModelShape
 
 SPECIALS = {"_start_": 100, "_delimiter_": 101, "_classify_": 102}

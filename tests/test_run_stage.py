@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gptkit.train import run
-from gptkit.train.distributed import DistributedContext
+from gptkit.train.distributed.processes import DistributedContext
 from gptkit.train.rundir import LOCK, RunDir, RunDirBusy
 
 

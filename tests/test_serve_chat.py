@@ -14,8 +14,8 @@ openai = pytest.importorskip("openai")
 from gptkit.generation import load_for_generation  # noqa: E402
 from gptkit.tokenizer import END_OF_TEXT  # noqa: E402
 from gptkit.tokenizer.chat_template import CHAT_TEMPLATE, prompt_text  # noqa: E402
-from gptkit.train.finetune import finetune  # noqa: E402
-from gptkit.train.finetune_config import LoRAConfig  # noqa: E402
+from gptkit.train.finetune.config import LoRAConfig  # noqa: E402
+from gptkit.train.finetune.tasks import finetune  # noqa: E402
 from tests.test_generation_finetune import ANSWER, base_dir, generation_config  # noqa: E402, F401
 from tests.test_serve import Server  # noqa: E402
 

@@ -18,12 +18,12 @@ import torch
 
 from gptkit import GPT
 from gptkit.generation.decode import generate
-from gptkit.train.checkpoint_export import CheckpointExportConfig, export_checkpoint
-from gptkit.train.checkpointer import CheckpointConfig, Checkpointer
-from gptkit.train.distributed import DistributedContext
+from gptkit.train.checkpoints.checkpointer import CheckpointConfig, Checkpointer
+from gptkit.train.checkpoints.export import CheckpointExportConfig, export_checkpoint
+from gptkit.train.checkpoints.sharded import read_model_state
+from gptkit.train.distributed.processes import DistributedContext
 from gptkit.train.loop import read_metrics
 from gptkit.train.rundir import RunDir
-from gptkit.train.sharded_checkpoint import read_model_state
 from tests.test_train import alice_shards, assert_same_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -180,7 +180,7 @@ def test_the_shards_plain_values_are_read_weights_only(tmp_path):
     with weights_only=False: a crafted shard would run code on --resume. gptkit's planner refuses."""
     import torch.distributed.checkpoint as dcp
 
-    from gptkit.train.sharded_checkpoint import CheckedReader, load_state
+    from gptkit.train.checkpoints.sharded import CheckedReader, load_state
 
     saved = {"optimizer": {"lr": _RunsOnLoad(), "eps": 1e-8, "betas": (0.9, 0.95)}}
     with pytest.warns(UserWarning):  # one process, no group: DCP says it assumes so

@@ -31,18 +31,18 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.debug import CommDebugMode
 
 from gptkit.train.config import TrainConfig
-from gptkit.train.distributed import wrap_model
-from gptkit.train.estimate import (
+from gptkit.train.distributed.processes import wrap_model
+from gptkit.train.finetune.tasks import FinetuneConfig
+from gptkit.train.loop import Trainer
+from gptkit.train.memory.estimate import (
     EstimateOptions,
     FinetuneEstimateConfig,
     PretrainEstimateConfig,
     finetune_simulation,
     pretrain_simulation,
 )
-from gptkit.train.finetune import FinetuneConfig
-from gptkit.train.loop import Trainer
+from gptkit.train.memory.simulation import build_trainer, simulated_ranks
 from gptkit.train.run import ModelShape
-from gptkit.train.simulation import build_trainer, simulated_ranks
 
 RANKS, PER_RANK = 8, 2
 SHAPE = ModelShape(preset="tiny", n_head=4)  # 2 blocks, d 32

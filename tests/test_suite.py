@@ -22,7 +22,7 @@ from gptkit.paper.figures import TransferConfig, ZeroshotCurveConfig, transfer_c
 from gptkit.paper.scores import TABLE5, TABLE5_AVERAGE, TABLE5_TASKS, TASKS
 from gptkit.paper.suite import SuiteConfig, run_suite
 from gptkit.tokenizer import Tokenizer, train_bpe
-from gptkit.train.finetune import FinetuneConfig, LoRAConfig, paper_finetuning
+from gptkit.train.finetune.tasks import FinetuneConfig, LoRAConfig, paper_finetuning
 from gptkit.train.run import ModelShape, build_model
 
 TRAIN = dataclasses.replace(paper_finetuning(), batch_size=8, lr=1e-3, progress=False)

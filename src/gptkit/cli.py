@@ -69,13 +69,13 @@ def cmd_pretrain(config) -> None:
 
 
 def cmd_finetune(config) -> None:
-    from gptkit.train.finetune import finetune
+    from gptkit.train.finetune.tasks import finetune
 
     print(json.dumps(finetune(config)))
 
 
 def cmd_estimate(config) -> None:
-    from gptkit.train.estimate import (
+    from gptkit.train.memory.estimate import (
         FinetuneEstimateConfig,
         estimate_finetune,
         estimate_pretrain,
@@ -240,21 +240,27 @@ COMMANDS = [
     ),
     Command(
         "finetune",
-        ("gptkit.train.finetune:FinetuneConfig",),
+        ("gptkit.train.finetune.tasks:FinetuneConfig",),
         cmd_finetune,
         config_file=True,
         summary="Fine-tune on a labelled task (L3 = L2 + λ·L1), with the paper's defaults.",
     ),
     Command(
         "checkpoint export",
-        ("gptkit.train.checkpoint_export:CheckpointExportConfig",),
-        "gptkit.train.checkpoint_export:cmd_checkpoint_export",
+        ("gptkit.train.checkpoints.export:CheckpointExportConfig",),
+        "gptkit.train.checkpoints.export:cmd_checkpoint_export",
     ),
     Command(
-        "estimate pretrain", ("gptkit.train.estimate:PretrainEstimateConfig",), cmd_estimate, config_file=True
+        "estimate pretrain",
+        ("gptkit.train.memory.estimate:PretrainEstimateConfig",),
+        cmd_estimate,
+        config_file=True,
     ),
     Command(
-        "estimate finetune", ("gptkit.train.estimate:FinetuneEstimateConfig",), cmd_estimate, config_file=True
+        "estimate finetune",
+        ("gptkit.train.memory.estimate:FinetuneEstimateConfig",),
+        cmd_estimate,
+        config_file=True,
     ),
     Command("evaluate", ("gptkit.evaluate.finetuned:LabelledDataConfig",), cmd_evaluate),
     Command("predict", ("gptkit.evaluate.finetuned:PredictConfig",), cmd_predict),

@@ -26,7 +26,7 @@ from gptkit.evaluate.finetuned import correct_per_example
 from gptkit.hardware import resolve_precision
 from gptkit.io import write_json
 from gptkit.model.task import TaskModel
-from gptkit.train.finetune import FinetuneConfig, finetune, paper_finetuning
+from gptkit.train.finetune.tasks import FinetuneConfig, finetune, paper_finetuning
 from gptkit.train.run import ModelShape
 from gptkit.train.rundir import RunDir
 

@@ -37,7 +37,7 @@ from gptkit.hardware import DEVICE_HELP, Precision, resolve_device, resolve_prec
 from gptkit.io import write_json
 from gptkit.tokenizer import train_bpe
 from gptkit.train.config import parse_duration
-from gptkit.train.finetune import paper_finetuning
+from gptkit.train.finetune.tasks import paper_finetuning
 from gptkit.train.pretrain import pretrain
 from gptkit.train.recipes import RECIPES, PretrainRecipe
 from gptkit.train.rundir import RunDir

@@ -5,7 +5,7 @@
     L3 = L2 + λ·L1                      (GPT-1 eq. 5, with --lm-coef λ)
 
 each a mean over the tokens it counts. There is no head: the output layer W_e^T is the one that
-writes the answer. What :func:`gptkit.train.finetune.finetune` writes for ``--task generation`` is
+writes the answer. What :func:`gptkit.train.finetune.tasks.finetune` writes for ``--task generation`` is
 a plain language-model folder (or a LoRA adapter of one) with its chat template, which
 ``gptkit generate``, ``GPT.from_pretrained`` and ``gptkit serve`` read like any other.
 """

@@ -28,7 +28,7 @@ from gptkit.model import GPT
 from gptkit.paper.reports import PREDICTIONS_NAME, seed_dir
 from gptkit.paper.scores import TASKS, PaperTask
 from gptkit.paper.suite import check_settings, recorded_settings, run_seeds, settings_of, train_settings
-from gptkit.train.finetune import FinetuneConfig
+from gptkit.train.finetune.tasks import FinetuneConfig
 from gptkit.train.rundir import RunDir
 
 Heuristic = Literal["sentiment", "multiple_choice", "acceptability", "question_answering"]

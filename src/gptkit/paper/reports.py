@@ -14,7 +14,7 @@ from gptkit.paper.scores import TABLE5, TABLE5_AVERAGE, TABLE5_TASKS, TASKS, VAR
 from gptkit.train.rundir import RunDir
 
 if TYPE_CHECKING:
-    from gptkit.train.finetune import FinetuneConfig
+    from gptkit.train.finetune.tasks import FinetuneConfig
 
 # Each reported example's prediction, beside result.json: what pairs two variants example by example.
 PREDICTIONS_NAME = "predictions.json"

@@ -3,7 +3,7 @@ beside the paper's (Tables 2–4), and its ablations beside Table 5.
 
 Every task of every variant runs with ``--seeds`` seeds (the training config's seed s, then s + 1,
 ...: each its own data order, dropout and head initialisation), each in its own directory,
-``OUT/<variant>/<task>/seed-<s>``, through :func:`gptkit.train.finetune.finetune` with the paper's
+``OUT/<variant>/<task>/seed-<s>``, through :func:`gptkit.train.finetune.tasks.finetune` with the paper's
 settings (λ = 0.5, lr 6.25e-5, batch 32, 3 epochs, warm-up 0.2%, linear decay). The epoch with the
 best dev score is kept; it is then scored on the task's reported sets (test where the labels are
 public, else dev) next to a majority-class baseline on the same examples. A finished run leaves
@@ -38,7 +38,7 @@ from gptkit.model.task import TaskModel
 from gptkit.paper.reports import PREDICTIONS_NAME, seed_dir, write_reports
 from gptkit.paper.scores import TASKS, VARIANTS, PaperTask, Variant
 from gptkit.train.config import TrainConfig
-from gptkit.train.finetune import FinetuneConfig, finetune
+from gptkit.train.finetune.tasks import FinetuneConfig, finetune
 from gptkit.train.rundir import RunDir
 
 RESULT_NAME = "result.json"  # a finished task

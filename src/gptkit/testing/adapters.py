@@ -12,7 +12,7 @@ from gptkit.data.tasks import TaskSpec, special_token_ids
 from gptkit.model.lora import LORA_TARGETS, LoRASettings
 from gptkit.model.task import TaskModel, lora_task_info, save_task_model
 from gptkit.tokenizer import Tokenizer
-from gptkit.train.finetune import ready_for_task
+from gptkit.train.finetune.tasks import ready_for_task
 
 
 def write_adapter_run(

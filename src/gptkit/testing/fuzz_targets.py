@@ -102,8 +102,8 @@ def _checkpoint(folder: Path) -> None:
     """A run directory with one checkpoint written by gptkit's checkpointer."""
     import torch
 
-    from gptkit.train.checkpointer import CheckpointConfig, Checkpointer
-    from gptkit.train.distributed import DistributedContext
+    from gptkit.train.checkpoints.checkpointer import CheckpointConfig, Checkpointer
+    from gptkit.train.distributed.processes import DistributedContext
     from gptkit.train.rundir import RunDir
 
     model = torch.nn.Linear(4, 4)
@@ -121,8 +121,8 @@ def _checkpoint(folder: Path) -> None:
 
 
 def _latest_checkpoint(folder: Path) -> None:
-    from gptkit.train.checkpointer import CheckpointConfig, Checkpointer
-    from gptkit.train.distributed import DistributedContext
+    from gptkit.train.checkpoints.checkpointer import CheckpointConfig, Checkpointer
+    from gptkit.train.distributed.processes import DistributedContext
     from gptkit.train.rundir import RunDir
 
     Checkpointer(RunDir(folder / "run"), None, CheckpointConfig(), DistributedContext()).latest()
@@ -151,7 +151,7 @@ def _suite_settings(folder: Path) -> dict:
     import dataclasses
 
     from gptkit.paper.suite import SuiteConfig, _settings
-    from gptkit.train.finetune import FinetuneConfig
+    from gptkit.train.finetune.tasks import FinetuneConfig
 
     template = FinetuneConfig()
     template = dataclasses.replace(template, model=dataclasses.replace(template.model, init="model"))

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from gptkit.train.distributed import DistributedContext
+from gptkit.train.distributed.processes import DistributedContext
 
 PLAN_AFTER_UPDATES = 4  # updates timed (after the first) before a time budget is planned
 REPLAN_AT = (0.5, 0.75)  # shares of the planned updates at which the pace is measured again

@@ -4,7 +4,7 @@ The two stages differ in the batches they feed and in what the model's forward r
 ``.loss``; accumulation, clipping, autocast, the schedule and evaluation live here once, and the
 loop hands its other jobs to parts: fp16's loss scaling (:mod:`~gptkit.train.precision`), the run
 directory's layout (:mod:`~gptkit.train.rundir`),
-checkpoints that resume exactly (:mod:`~gptkit.train.checkpointer`), the metrics log
+checkpoints that resume exactly (:mod:`~gptkit.train.checkpoints.checkpointer`), the metrics log
 (:mod:`~gptkit.train.metrics_log`) and the time-budget planner (:mod:`~gptkit.train.budget`).
 A non-finite update is never applied, and never saved (under fp16, gradients that overflow are the
 loss scaler's: the update is skipped and counted, and the scale lowered).
@@ -28,10 +28,10 @@ from gptkit.hardware import matmul_peak_flops, resolve_precision
 from gptkit.io import write_json
 from gptkit.progress import hidden_unless_terminal
 from gptkit.train.budget import BudgetPlan, TimeBudget
-from gptkit.train.checkpointer import CheckpointConfig, Checkpointer, SaveModel, set_rng_state
+from gptkit.train.checkpoints.checkpointer import CheckpointConfig, Checkpointer, SaveModel, set_rng_state
 from gptkit.train.config import TrainConfig, parse_duration
-from gptkit.train.distributed import DistributedContext, gradient_sync, unwrap
-from gptkit.train.memory import keep_freed_memory
+from gptkit.train.distributed.processes import DistributedContext, gradient_sync, unwrap
+from gptkit.train.memory.allocator import keep_freed_memory
 from gptkit.train.metrics_log import MetricsLogger, MetricsWriter, make_writers, plot_metrics, read_metrics
 from gptkit.train.optim import build_optimizers, learning_rate
 from gptkit.train.precision import LossScaler, autocast
@@ -157,7 +157,7 @@ class Trainer:
         self.micro_batch_size = micro_batch_size(config, self.ctx.world_size)
         self.forward = torch.compile(model) if config.compile else model
         if self.ctx.device.type == "cpu":
-            keep_freed_memory()  # see gptkit.train.memory: a third of a CPU step otherwise
+            keep_freed_memory()  # see gptkit.train.memory.allocator: a third of a CPU step otherwise
         self.last_metrics: dict[str, float] = {}
         self.flops_per_token = training_flops_per_token(unwrap(model))
         self.peak_flops: float | None = None  # measured when training starts (MFU's denominator)

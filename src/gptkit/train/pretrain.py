@@ -27,11 +27,11 @@ from gptkit.model.weights import (
     save_state_dict,
 )
 from gptkit.tokenizer import Tokenizer
-from gptkit.train.checkpoint_export import write_model_files
+from gptkit.train.checkpoints.export import write_model_files
 from gptkit.train.config import TrainConfig
-from gptkit.train.distributed import DistributedContext, wrap_model
+from gptkit.train.distributed.meta_init import build_sharded, meta_init_applies
+from gptkit.train.distributed.processes import DistributedContext, wrap_model
 from gptkit.train.loop import Trainer, micro_batch_size
-from gptkit.train.meta_init import build_sharded, meta_init_applies
 from gptkit.train.run import (
     ModelShape,
     adapted,

@@ -25,7 +25,7 @@ from gptkit.io import read_json
 from gptkit.model import GPT
 from gptkit.tokenizer import Tokenizer
 from gptkit.train.config import TrainConfig
-from gptkit.train.distributed import DistributedContext, init_distributed, shutdown_distributed
+from gptkit.train.distributed.processes import DistributedContext, init_distributed, shutdown_distributed
 from gptkit.train.loop import Trainer
 from gptkit.train.rundir import RunDir
 

@@ -18,8 +18,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from gptkit.hardware import resolve_device, resolve_precision
-from gptkit.train.activation_checkpointing import apply_activation_checkpointing, transformer_blocks
 from gptkit.train.config import TrainConfig
+from gptkit.train.memory.activation_checkpointing import apply_activation_checkpointing, transformer_blocks
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Fine-tuning's settings: what to fine-tune, on which task and data, how (the paper's defaults,
-§4.1), with LoRA or every weight; and the step counts they resolve to. :mod:`gptkit.train.finetune`
+§4.1), with LoRA or every weight; and the step counts they resolve to. :mod:`gptkit.train.finetune.tasks`
 runs them."""
 
 from __future__ import annotations

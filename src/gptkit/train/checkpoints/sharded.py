@@ -4,9 +4,9 @@ Each process writes the shards it holds (``__RANK_N.distcp``), and rank 0 the in
 every piece of every tensor lies (``.metadata``); reading, each process takes the pieces of its
 own shards, whatever number of processes wrote them (DCP reshards on load), so a run saved by 2
 processes resumes on 1 or on 3. Nothing is gathered: no process ever holds the whole model and
-optimizer, as torchtitan saves. :mod:`gptkit.train.checkpointer` puts these files in a
+optimizer, as torchtitan saves. :mod:`gptkit.train.checkpoints.checkpointer` puts these files in a
 ``step-NNNNNNN`` folder beside ``train_state.pt`` and the manifest, as for a whole checkpoint;
-:mod:`gptkit.train.checkpoint_export` turns one into the single-file model other commands read.
+:mod:`gptkit.train.checkpoints.export` turns one into the single-file model other commands read.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 
 from gptkit.io import file_sha256
-from gptkit.train.distributed import DistributedContext, unwrap
+from gptkit.train.distributed.processes import DistributedContext, unwrap
 
 SHARDED_FORMAT = "dcp"  # train_state.pt's "format" for a checkpoint whose model and moments are shards
 DCP_METADATA = ".metadata"  # DCP's index of the shards, written by rank 0

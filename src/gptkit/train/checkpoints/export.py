@@ -1,6 +1,6 @@
 """``gptkit checkpoint export``: a checkpoint's model as the one folder every other command reads.
 
-A sharded checkpoint (FSDP2's, :mod:`gptkit.train.sharded_checkpoint`) holds the model in pieces,
+A sharded checkpoint (FSDP2's, :mod:`gptkit.train.checkpoints.sharded`) holds the model in pieces,
 one file per process that wrote it. Exporting reads the model's pieces alone (not the optimizer's
 moments) into one process and writes ``config.json`` + ``model.safetensors``, the Hugging Face
 layout that ``gptkit generate``, ``finetune --init``, ``export`` and transformers read; with the
@@ -19,10 +19,10 @@ import torch
 
 from gptkit.io import read_json, read_train_state
 from gptkit.model.weights import CONFIG_NAME, config_from_hf, read_state_dict, save_state_dict
-from gptkit.train.checkpointer import CheckpointConfig, Checkpointer, verify_manifest
-from gptkit.train.distributed import DistributedContext
+from gptkit.train.checkpoints.checkpointer import CheckpointConfig, Checkpointer, verify_manifest
+from gptkit.train.checkpoints.sharded import SHARDED_FORMAT, read_model_state
+from gptkit.train.distributed.processes import DistributedContext
 from gptkit.train.rundir import CHECKPOINTS, TRAIN_STATE, RunDir
-from gptkit.train.sharded_checkpoint import SHARDED_FORMAT, read_model_state
 
 
 @dataclass

@@ -15,8 +15,8 @@ from gptkit.data.formats import DataError
 from gptkit.data.registry import read_dataset
 from gptkit.data.tables import parse_columns, read_table
 from gptkit.io import read_json, write_json
-from gptkit.train.distributed import DistributedContext, full_model_state_dict
-from gptkit.train.finetune_config import FinetuneConfig
+from gptkit.train.distributed.processes import DistributedContext, full_model_state_dict
+from gptkit.train.finetune.config import FinetuneConfig
 from gptkit.train.rundir import RunDir
 
 MERGED_DIR = "merged"  # where --merge writes a LoRA run's full model, inside the run directory

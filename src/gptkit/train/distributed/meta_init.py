@@ -31,7 +31,7 @@ from torch.overrides import TorchFunctionMode
 
 from gptkit.model.positions import sinusoidal_positions
 from gptkit.train.config import TrainConfig
-from gptkit.train.distributed import DistributedContext, wrap_model
+from gptkit.train.distributed.processes import DistributedContext, wrap_model
 
 # In-place ops on a parameter whose result does not depend on its former values (torch.nn.init's
 # ones_ and zeros_ are fill_ and zero_): a parameter's last one gives all its values. Any other

@@ -47,9 +47,9 @@ from gptkit.model.weights import save_state_dict
 from gptkit.tokenizer import Tokenizer
 from gptkit.tokenizer.chat_template import CHAT_TEMPLATE, write_chat_template
 from gptkit.train.config import TrainConfig
-from gptkit.train.distributed import DistributedContext, unwrap, wrap_model
-from gptkit.train.finetune_common import MERGED_DIR, BestModel, load_examples, trainable_parameters
-from gptkit.train.finetune_config import FinetuneConfig, resolved_training
+from gptkit.train.distributed.processes import DistributedContext, unwrap, wrap_model
+from gptkit.train.finetune.common import MERGED_DIR, BestModel, load_examples, trainable_parameters
+from gptkit.train.finetune.config import FinetuneConfig, resolved_training
 from gptkit.train.loop import Trainer
 from gptkit.train.run import (
     base_vocab_size,
@@ -217,7 +217,7 @@ def _prepare(config: FinetuneConfig, tokenizer_dir: str, ctx: DistributedContext
 def finetune_generation(
     config: FinetuneConfig, tokenizer_dir: str, out_dir: Path, ctx: DistributedContext
 ) -> dict:
-    """:func:`gptkit.train.finetune.finetune` for ``--task generation`` (or a public dataset read as
+    """:func:`gptkit.train.finetune.tasks.finetune` for ``--task generation`` (or a public dataset read as
     prompts and completions), while the run directory is held."""
     run = _prepare(config, tokenizer_dir, ctx)
     model, tokenizer, dev = run.model, run.tokenizer, run.splits["dev"]

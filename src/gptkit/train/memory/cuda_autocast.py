@@ -31,7 +31,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from gptkit.train.torch_internals import drop_library, has_kernel, ops_with_kernel, without_key
+from gptkit.train.memory.torch_internals import drop_library, has_kernel, ops_with_kernel, without_key
 
 CUDA_KEY, CPU_KEY = "AutocastCUDA", "AutocastCPU"
 

@@ -2,7 +2,7 @@
 
 `gptkit estimate pretrain|finetune` takes the flags of the run it estimates, builds the model that
 run would build (a published name is known by its shape: nothing is downloaded), and hands it to
-:func:`gptkit.train.simulation.simulate`, which runs two of the Trainer's updates on fake tensors
+:func:`gptkit.train.memory.simulation.simulate`, which runs two of the Trainer's updates on fake tensors
 over a fake process group and reads PyTorch's memory trackers (what is modelled rather than run,
 for a GPU, is said there). With ``--memory`` it also finds the largest per-device batch that fits,
 by bisection on the simulated step.
@@ -30,9 +30,9 @@ from gptkit.model.task import TaskModel
 from gptkit.model.weights import CONFIG_NAME, config_from_hf
 from gptkit.tokenizer.gpt1 import GPT1_SPECIAL_TOKENS
 from gptkit.train.config import TrainConfig
-from gptkit.train.finetune import FinetuneConfig, ready_for_task, with_dataset_task
+from gptkit.train.finetune.tasks import FinetuneConfig, ready_for_task, with_dataset_task
+from gptkit.train.memory.simulation import CATEGORIES, HOST_STATES, Estimate, Simulation, simulate
 from gptkit.train.run import ModelShape, check_loaded_shape, sequence_length
-from gptkit.train.simulation import CATEGORIES, HOST_STATES, Estimate, Simulation, simulate
 
 # The published models the estimate knows by their Hub short names, without downloading: each is
 # its preset of the same name (GPT-1's is "gpt1").

@@ -37,20 +37,20 @@ from gptkit.model.lora import LoRASettings, add_lora
 from gptkit.model.task import TaskModel, lora_task_info, read_task_state, save_task_model
 from gptkit.tokenizer import Tokenizer
 from gptkit.train.config import TrainConfig
-from gptkit.train.distributed import (
+from gptkit.train.distributed.processes import (
     DistributedContext,
     unwrap,
     wrap_model,
 )
-from gptkit.train.finetune_common import MERGED_DIR, BestModel, load_examples, trainable_parameters
-from gptkit.train.finetune_config import (
+from gptkit.train.finetune.common import MERGED_DIR, BestModel, load_examples, trainable_parameters
+from gptkit.train.finetune.config import (
     FINETUNING_HELP,
     FinetuneConfig,
     LoRAConfig,
     paper_finetuning,
     resolved_training,
 )
-from gptkit.train.finetune_generation import finetune_generation
+from gptkit.train.finetune.generation import finetune_generation
 from gptkit.train.loop import Trainer
 from gptkit.train.run import (
     base_vocab_size,

@@ -11,7 +11,7 @@ from the first step on).
 
 What differs from a real GPU, for ``target="gpu"``, is modelled here rather than run:
 - The fake tensors are CPU tensors (autograd on fake CUDA tensors aborts a CPU build of PyTorch):
-  CUDA autocast's precision per operator is applied to them (:mod:`gptkit.train.cuda_autocast`).
+  CUDA autocast's precision per operator is applied to them (:mod:`gptkit.train.memory.cuda_autocast`).
 - CPU attention with dropout takes the unfused path that keeps the (T × T) scores, where a GPU's
   fused kernels keep only the output and its log-sum-exp, dropout included: the simulated attention
   layers run without dropout, which takes the CPU's fused kernel and its memory.
@@ -43,10 +43,10 @@ import torch.nn as nn
 from gptkit.model import GPT
 from gptkit.model.network import CausalSelfAttention
 from gptkit.train.config import TrainConfig
-from gptkit.train.cuda_autocast import cuda_autocast_rules
-from gptkit.train.distributed import DistributedContext, wrap_model
+from gptkit.train.distributed.processes import DistributedContext, wrap_model
 from gptkit.train.loop import Trainer
-from gptkit.train.torch_internals import (
+from gptkit.train.memory.cuda_autocast import cuda_autocast_rules
+from gptkit.train.memory.torch_internals import (
     TOTAL,
     category,
     fake_store,

@@ -6,7 +6,7 @@ RNG, the time budget's plan), written under a temporary name and renamed when co
 in ``latest.json``. A ``kill -9`` thus loses at most the updates since the last checkpoint.
 
 Under FSDP2, a stage that says how to describe its model (:attr:`Checkpointer.describe_model`)
-gets sharded checkpoints instead (:mod:`gptkit.train.sharded_checkpoint`): each process writes
+gets sharded checkpoints instead (:mod:`gptkit.train.checkpoints.sharded`): each process writes
 its own shards of the model and the moments, rank 0 the model's ``config.json`` and the rest of
 ``train_state.pt``; nothing is gathered, and another number of processes can resume them. DDP and
 one process write the model whole, as the other commands read it.
@@ -26,9 +26,9 @@ import torch
 import torch.nn as nn
 
 from gptkit.io import file_sha256, read_json, read_json_object, read_train_state, write_json
-from gptkit.train.distributed import DistributedContext, full_state_dicts, load_full_state_dicts
+from gptkit.train.checkpoints.sharded import SHARDED_FORMAT, is_sharded_model, load_shards, save_shards
+from gptkit.train.distributed.processes import DistributedContext, full_state_dicts, load_full_state_dicts
 from gptkit.train.rundir import LATEST, TRAIN_STATE, RunDir
-from gptkit.train.sharded_checkpoint import SHARDED_FORMAT, is_sharded_model, load_shards, save_shards
 
 SaveModel = Callable[[Path, dict[str, torch.Tensor]], None]
 DescribeModel = Callable[[Path], None]  # writes the files that say what the model is (config.json)
