@@ -149,7 +149,7 @@ def test_selective_draws_every_dropout_mask_as_the_unchecked_run_with_a_seeded_f
     """A kept op that draws random numbers is not run again in the recomputation, so the dropouts
     after it would draw at other generator offsets than in the forward pass: gradients of other
     masks, with nothing to flag it. Such an op is recomputed while it draws (dropout_p > 0)."""
-    from gptkit.train import activation_checkpointing
+    from gptkit.train.memory import activation_checkpointing
 
     def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False):
         assert attn_mask is None and is_causal, "the tiny model's training forward: causal, no mask"

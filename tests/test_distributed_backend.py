@@ -36,7 +36,7 @@ def clip_host_shards(rank: int, world_size: int, port: int, results) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
 
-    from gptkit.train import distributed
+    from gptkit.train.distributed import processes as distributed
 
     torchrun_environment(rank, world_size, port)
     cuda = torch.device("cuda")
@@ -45,7 +45,7 @@ def clip_host_shards(rank: int, world_size: int, port: int, results) -> None:
         mock.patch.object(torch.cuda, "set_device"),
         mock.patch.object(dist, "init_process_group", as_nccl_would_serve),
     ):
-        distributed.init_distributed("cuda")
+        distributed.init_distributed("cuda", fsdp=True, offload=True)
     try:
         # The full gradient is 0..7 (norm sqrt(140)); each rank holds its half on the host, as
         # FSDP2 shards with CPUOffloadPolicy.
@@ -62,11 +62,50 @@ def clip_host_shards(rank: int, world_size: int, port: int, results) -> None:
         dist.destroy_process_group()
 
 
-def test_process_group_backend_names_a_host_backend_beside_nccl():
+def test_process_group_backend_names_a_host_backend_beside_nccl_only_under_offload():
+    """gloo beside NCCL would need its own TCP connections between every pair of nodes; only
+    FSDP2's offloaded shards need a host backend."""
     from gptkit.train.distributed.processes import process_group_backend
 
-    assert process_group_backend("cuda") == "cuda:nccl,cpu:gloo"
+    assert process_group_backend("cuda", offload=True) == "cuda:nccl,cpu:gloo"
+    assert process_group_backend("cuda") == "nccl"
     assert process_group_backend("cpu") == "gloo"
+
+
+@pytest.mark.parametrize(
+    ("flags", "backend", "minutes"),
+    [
+        ((), "nccl", 10),
+        (("--fsdp", "--fsdp-offload"), "cuda:nccl,cpu:gloo", 10),
+        (("--collective-timeout", "45m"), "nccl", 45),
+    ],
+)
+def test_the_process_group_gets_the_collective_timeout_whatever_its_backend(
+    monkeypatch, flags, backend, minutes
+):
+    """torch's default timeout keys on the backend string (NCCL's 10 minutes, a mixed group's 30):
+    the group is started with the run's own, 10 minutes unless --collective-timeout says otherwise."""
+    import argparse
+    from datetime import timedelta
+
+    from gptkit.cli_flags import add_dataclass_arguments, dataclass_from_args
+    from gptkit.train.config import TrainConfig, parse_duration
+    from gptkit.train.distributed import processes
+
+    started = {}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(processes, "resolve_device", lambda device: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(
+        dist, "init_process_group", lambda backend, **kwargs: started.update(backend=backend, **kwargs)
+    )
+    parser = argparse.ArgumentParser()
+    add_dataclass_arguments(parser, TrainConfig)
+    train = dataclass_from_args(TrainConfig, parser.parse_args(list(flags)))
+    timeout = parse_duration(train.collective_timeout)
+    processes.init_distributed("cuda", train.fsdp, train.fsdp_offload, timeout)
+    assert started == {"backend": backend, "timeout": timedelta(minutes=minutes)}
 
 
 @pytest.mark.slow

@@ -38,3 +38,14 @@ def test_bf16_mixed_precision_matches_one_process_bf16(shards, tmp_path):  # noq
     assert sharded != pytest.approx(single, abs=1e-6)  # the gather's rounding is visible
     # The weights written are fp32: the shards are stepped in fp32, and gathered so.
     assert GPT.from_pretrained(tmp_path / "two").wte.weight.dtype == torch.float32
+
+
+def test_fsdp_over_one_process_with_offload_matches_the_plain_run(shards, tmp_path):  # noqa: F811
+    """One process shards over a group of itself (no torchrun): FSDP2 with CPU offload on one
+    device, the same losses as the plain run, and a sharded checkpoint the other commands read."""
+    single = run_pretrain(shards, tmp_path / "one")
+    sharded = run_pretrain(shards, tmp_path / "fsdp", "--fsdp", "--fsdp-offload")
+    assert len(single) == len(sharded) == 6
+    assert sharded == pytest.approx(single, abs=1e-5)
+    assert any((tmp_path / "fsdp" / "checkpoints").glob("step-*/*.distcp"))
+    assert_same_model(tmp_path / "one", tmp_path / "fsdp")

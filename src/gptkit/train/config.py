@@ -101,9 +101,10 @@ class TrainConfig:
     fsdp: bool = field(
         default=False,
         metadata={
-            "help": "Shard with FSDP2 instead of DDP (torchrun only): each block's parameters, gradients and "
-            "optimizer state split across the processes; with bf16 or fp16 precision, parameters are gathered "
-            "in that format and gradients reduced in fp32."
+            "help": "Shard with FSDP2 instead of DDP: each block's parameters, gradients and optimizer state "
+            "split across torchrun's processes (one process alone shards over itself: with --fsdp-offload, a "
+            "model whose states do not fit one GPU); with bf16 or fp16 precision, parameters are gathered in "
+            "that format and gradients reduced in fp32."
         },
     )
     fsdp_offload: bool = field(
@@ -111,6 +112,13 @@ class TrainConfig:
         metadata={
             "help": "With --fsdp: keep parameters, gradients and optimizer state in host memory, copied to "
             "the device block by block (slower; for a model whose states do not fit the device)."
+        },
+    )
+    collective_timeout: str = field(
+        default="10m",
+        metadata={
+            "help": "Under torchrun: how long a process waits in a collective (all-reduce, barrier) for the "
+            "others before the run fails (90s, 10m, 1h); raise it when one rank does long work alone."
         },
     )
     activation_checkpointing: ActivationCheckpointing = field(
@@ -192,6 +200,7 @@ class TrainConfig:
             fail("log_to", f"must be among {', '.join(loggers)}, got {', '.join(map(repr, unknown))}")
         if self.time_budget is not None:
             parse_duration(self.time_budget)  # raises with the expected form
+        parse_duration(self.collective_timeout, "collective timeout")
 
     def default_warmup(self, max_steps: int) -> int:
         """Warm-up updates when ``warmup_steps`` is not given: GPT-1's 2000, at most a tenth of training."""
@@ -218,13 +227,13 @@ def _largest_divisor(n: int, at_most: int) -> int:
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
 
 
-def parse_duration(text: str | float | int) -> float:
-    """Seconds in ``90``, ``90s``, ``5m``, ``1h30m`` or ``2.5m``."""
+def parse_duration(text: str | float | int, what: str = "time budget") -> float:
+    """Seconds in ``90``, ``90s``, ``5m``, ``1h30m`` or ``2.5m``; ``what`` names it in errors."""
     match = _DURATION.fullmatch(str(text).strip().lower())
     if not str(text).strip() or match is None or not any(match.groups()):
-        raise ValueError(f"time budget: expected a duration such as 90s, 5m or 1h30m, got {text!r}")
+        raise ValueError(f"{what}: expected a duration such as 90s, 5m or 1h30m, got {text!r}")
     hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
     total = hours * 3600 + minutes * 60 + seconds
     if total <= 0:
-        raise ValueError(f"time budget: must be more than 0 seconds, got {text!r}")
+        raise ValueError(f"{what}: must be more than 0 seconds, got {text!r}")
     return total

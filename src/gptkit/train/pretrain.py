@@ -117,7 +117,7 @@ def pretrain(config: PretrainConfig) -> dict[str, float]:
     train = config.training
     out_dir = Path(config.out)
     hub.ensure_available(config.model.init)  # a name that cannot be had leaves no run folder
-    with run_stage(out_dir, config.resume, "pretrain", config.device) as ctx:
+    with run_stage(out_dir, config.resume, "pretrain", config.device, train) as ctx:
         train_shard = TokenShard.open(config.data, "train")
         meta = train_shard.meta
         check_shard_tokenizer(config.data, meta)

@@ -24,7 +24,7 @@ from gptkit.config import Activation, GPTConfig, PositionEncoding, check_choices
 from gptkit.io import read_json
 from gptkit.model import GPT
 from gptkit.tokenizer import Tokenizer
-from gptkit.train.config import TrainConfig
+from gptkit.train.config import TrainConfig, parse_duration
 from gptkit.train.distributed.processes import DistributedContext, init_distributed, shutdown_distributed
 from gptkit.train.loop import Trainer
 from gptkit.train.rundir import RunDir
@@ -178,9 +178,12 @@ def check_run_dir(out_dir: Path, resume: bool) -> None:
 
 
 @contextlib.contextmanager
-def run_stage(out_dir: Path, resume: bool, command: str, device: str | None) -> Iterator[DistributedContext]:
+def run_stage(
+    out_dir: Path, resume: bool, command: str, device: str | None, train: TrainConfig | None = None
+) -> Iterator[DistributedContext]:
     """A stage's run (``command``: pretrain, finetune) in ``out_dir``: the directory held by its only
-    writer and checked (new, or resumed), then the process group started on ``device``; on the way
+    writer and checked (new, or resumed), then the process group started on ``device`` as ``train``
+    needs it (FSDP2, its offload, the collectives' timeout); on the way
     out, an error or a stop included, the process group goes first and the directory is let go last.
 
     The lock comes first so that a run refused at it (another writer, an existing run without
@@ -194,7 +197,13 @@ def run_stage(out_dir: Path, resume: bool, command: str, device: str | None) -> 
     is_main = int(os.environ.get("RANK", "0")) == 0
     with RunDir(out_dir).writer_lock(command) if is_main else contextlib.nullcontext():
         check_run_dir(out_dir, resuming(resume, out_dir))
-        ctx = init_distributed(device)
+        train = train or TrainConfig()
+        ctx = init_distributed(
+            device,
+            train.fsdp,
+            train.fsdp_offload,
+            parse_duration(train.collective_timeout, "collective timeout"),
+        )
         try:
             yield ctx
         finally:

@@ -184,8 +184,8 @@ def dim0_rows(n_rows: int, rank: int, world_size: int) -> tuple[int, int]:
 
 
 def meta_init_applies(train: TrainConfig, ctx: DistributedContext) -> bool:
-    """Whether the model is built on the meta device: FSDP2 over several processes."""
-    return train.fsdp and ctx.is_distributed
+    """Whether the model is built on the meta device: under FSDP2."""
+    return train.fsdp
 
 
 def build_sharded(

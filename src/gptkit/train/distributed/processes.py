@@ -1,9 +1,10 @@
 """Many processes through torchrun: DDP or FSDP2, applied from outside the model.
 
 ``torchrun --nproc_per_node=N gptkit pretrain ...`` sets WORLD_SIZE, RANK and LOCAL_RANK; this
-module reads them, starts the process group (NCCL on GPUs with gloo beside it for what lives on the
-host, gloo on CPUs) and wraps the model.
-A single process (no WORLD_SIZE, or 1) runs the same code with no wrapper.
+module reads them, starts the process group (NCCL on GPUs, with gloo beside it only when FSDP2
+offloads to the host; gloo on CPUs) and wraps the model.
+A single process (no WORLD_SIZE, or 1) runs the same code with no wrapper; under ``--fsdp`` it
+shards over a group of itself (FSDP2 with offload on one GPU, or a first check of an FSDP2 run).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import contextlib
 import os
 import warnings
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -72,10 +74,15 @@ class DistributedContext:
         return gathered
 
 
-def init_distributed(device: str | None = "auto") -> DistributedContext:
-    """Read torchrun's environment and start the process group when there is more than one process.
+def init_distributed(
+    device: str | None = "auto", fsdp: bool = False, offload: bool = False, timeout_s: float = 600.0
+) -> DistributedContext:
+    """Read torchrun's environment and start the process group when there is more than one process,
+    or one process shards itself with FSDP2 (``fsdp``).
 
     ``device``: auto (CUDA, then MPS, then CPU), cpu, cuda or mps; see :func:`gptkit.hardware.resolve_device`.
+    ``offload``: FSDP2 keeps its shards on the host (the group then serves host tensors too).
+    ``timeout_s``: how long a collective waits for the other processes before the run fails.
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -89,23 +96,28 @@ def init_distributed(device: str | None = "auto") -> DistributedContext:
     if torch_device.type == "cuda" and torch_device.index is None:
         torch.cuda.set_device(local_rank)  # one GPU per process, as torchrun numbers them
         torch_device = torch.device("cuda", local_rank)
-    if world_size > 1 and not dist.is_initialized():
-        _init_process_group(process_group_backend(torch_device.type), rank, world_size)
+    if (world_size > 1 or fsdp) and not dist.is_initialized():
+        backend = process_group_backend(torch_device.type, offload)
+        _init_process_group(backend, rank, world_size, timedelta(seconds=timeout_s))
     return DistributedContext(rank=rank, world_size=world_size, local_rank=local_rank, device=torch_device)
 
 
-def process_group_backend(device_type: str) -> str:
+def process_group_backend(device_type: str, offload: bool = False) -> str:
     """The process group's backend for processes on ``device_type``.
 
     NCCL serves CUDA tensors only: a group started as plain ``"nccl"`` refuses every collective on
     a host tensor ("No backend type associated with device type cpu"). Under FSDP2 with CPU offload
-    the gradient shards live on the host and clipping all-reduces their norm there, so a CUDA group
-    names gloo for the CPU beside NCCL for the GPU (as torchtune starts it); collectives on GPU
-    tensors still go through NCCL."""
-    return "cuda:nccl,cpu:gloo" if device_type == "cuda" else "gloo"
+    (``offload``) the gradient shards live on the host and clipping all-reduces their norm there,
+    so that group names gloo for the CPU beside NCCL for the GPU (as torchtune starts it). Without
+    offload nothing collective lives on the host (barriers and object collectives go through NCCL
+    on each process's GPU), and gloo is left out: it would need its own TCP connections between
+    every pair of nodes."""
+    if device_type != "cuda":
+        return "gloo"
+    return "cuda:nccl,cpu:gloo" if offload else "nccl"
 
 
-def _init_process_group(backend: str, rank: int, world_size: int) -> None:
+def _init_process_group(backend: str, rank: int, world_size: int, timeout: timedelta) -> None:
     """Start the process group, in a store of its own each time torchrun forms the group.
 
     torchrun's agent keeps one store for a job's whole life, and a group it starts again after a
@@ -113,17 +125,22 @@ def _init_process_group(backend: str, rank: int, world_size: int) -> None:
     reading a key the new process has not written yet, a process finds the old one's address, where
     no one listens any more, and the group fails to form ("Connection refused"), restart after
     restart. So each group that forms counts itself in the store, and the next one takes keys of
-    its own: all its processes read the count before any of them raises it."""
+    its own: all its processes read the count before any of them raises it.
+
+    ``timeout`` is given explicitly: torch's default depends on the backend string (10 minutes for
+    plain NCCL, 30 for a mixed one), and a run's processes should fail alike whatever it names."""
+    if world_size == 1 and "MASTER_ADDR" not in os.environ:  # FSDP2 over one process, no torchrun
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        return
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        dist.init_process_group(backend)  # torch's env:// rendezvous: a new store every time
+        dist.init_process_group(backend, timeout=timeout)  # torch's env:// rendezvous: a new store every time
         return
     agent = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, is_master=False
     )
     formed = agent.add("gptkit/groups_formed", 0)  # an atomic read
-    dist.init_process_group(
-        backend, store=dist.PrefixStore(f"gptkit/group-{formed}", agent), rank=rank, world_size=world_size
-    )
+    store = dist.PrefixStore(f"gptkit/group-{formed}", agent)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     # Every process of this group has read the count (NCCL: on this process's GPU, set above).
     dist.barrier(device_ids=[torch.cuda.current_device()] if "nccl" in backend else None)
     if rank == 0:
@@ -138,14 +155,17 @@ def shutdown_distributed() -> None:
 def wrap_model(model: nn.Module, ctx: DistributedContext, train: TrainConfig) -> nn.Module:
     """The model as ``train`` asks to run it: its blocks checkpointed (``activation_checkpointing``),
     then DDP, or FSDP2 (``fsdp``: ``fully_shard`` on every block, then the root, with a mixed-precision
-    policy and optionally CPU offload); alone, unwrapped."""
-    if train.fsdp and not ctx.is_distributed:
-        raise ValueError("--fsdp needs several processes: launch with torchrun --nproc_per_node=N")
+    policy and optionally CPU offload, over one process too); alone without FSDP2, unwrapped."""
+    if train.fsdp and not dist.is_initialized():
+        raise ValueError(
+            "--fsdp needs a process group: run through gptkit's commands (or init_distributed(fsdp=True)), "
+            "or launch with torchrun --nproc_per_node=N"
+        )
     apply_activation_checkpointing(model, train.activation_checkpointing)
-    if not ctx.is_distributed:
-        return model
     if train.fsdp:
         return shard_model(model, ctx, train)
+    if not ctx.is_distributed:
+        return model
     from torch.nn.parallel import DistributedDataParallel
 
     device_ids = [ctx.local_rank] if ctx.device.type == "cuda" else None
@@ -203,7 +223,7 @@ def unwrap(wrapped: nn.Module) -> nn.Module:
 def _full_options(module: nn.Module, ctx: DistributedContext):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    if not ctx.is_distributed or not hasattr(module, "set_requires_gradient_sync"):
+    if not hasattr(module, "set_requires_gradient_sync"):
         return StateDictOptions(full_state_dict=True)
     return StateDictOptions(full_state_dict=True, cpu_offload=True)  # FSDP2: gathered from the shards
 

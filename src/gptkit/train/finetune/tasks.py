@@ -185,7 +185,7 @@ def finetune(config: FinetuneConfig) -> dict:
         raise config_error(config, "tokenizer", "is required when training from scratch (no --init)")
     out_dir = Path(config.out)
     hub.ensure_available(config.model.init, tokenizer_dir)  # a name that cannot be had leaves no run folder
-    with run_stage(out_dir, config.resume, "finetune", config.device) as ctx:
+    with run_stage(out_dir, config.resume, "finetune", config.device, config.training) as ctx:
         if config.task in GENERATIVE_TASKS:
             return finetune_generation(config, tokenizer_dir, out_dir, ctx)
         return _finetune(config, metric, tokenizer_dir, out_dir, ctx)
