@@ -220,13 +220,41 @@ def slurm_recipe(shards: Path, out: Path) -> str:
 
 
 def slurm_commands(folder: Path) -> Path:
-    """``srun`` that runs its command, ``scontrol`` that names this machine and records requeues."""
+    """Stand-ins for ``srun`` and ``scancel`` that treat a job step as SLURM does, so far as the
+    recipe meets them, and ``scontrol`` that names this machine and records requeues."""
     folder.mkdir()
-    (folder / "srun").write_text('#!/bin/bash\nexec "$@"\n')
+    (folder / "srun").write_text(
+        "#!/bin/bash\n"
+        # slurmstepd starts the step's task in a process group of its own (job control does here)
+        "set -m\n"
+        # proctrack/cgroup holds every process the task starts in the step's cgroup, whatever its
+        # session (torchrun starts each worker in a new one): a variable they all inherit stands for
+        # it; the first srun of a batch script is step 0
+        'SLURM_STANDIN_STEP="$SLURM_JOB_ID.0" "$@" &\n'
+        "task=$!\n"
+        # srun answers SIGTERM, SIGHUP and SIGQUIT with SIGKILL to the whole step (srun_job.c,
+        # _srun_signal_mgr: "forcing job termination"); a single SIGINT only prints the step's status
+        """trap 'scancel --signal=KILL "$SLURM_JOB_ID.0"' TERM HUP QUIT\n"""
+        # srun exits when its task has, with its status; bash's wait returns early to run a trap,
+        # and a later wait still gives the status of the task that ended
+        'while kill -0 "$task" 2>/dev/null; do wait "$task"; done\n'
+        'wait "$task"\n'
+    )
+    (folder / "scancel").write_text(
+        "#!/bin/bash\n"
+        # scancel --signal=SIG (or -s SIG) JOB.STEP signals the step and cancels nothing; slurmstepd
+        # sends SIG to every process of the step's cgroup: here, every process srun marked
+        'case "$1" in --signal=*) sig=${1#--signal=}; shift ;; -s) sig=$2; shift 2 ;; *) exit 2 ;; esac\n'
+        "for environ in /proc/[0-9]*/environ; do\n"
+        '    grep -qzxF "SLURM_STANDIN_STEP=$1" "$environ" 2>/dev/null || continue\n'
+        '    pid=${environ#/proc/}; kill -s "$sig" "${pid%/environ}" 2>/dev/null\n'
+        "done\n"
+        "exit 0\n"
+    )
     (folder / "scontrol").write_text(
         '#!/bin/bash\ncase "$1" in show) echo 127.0.0.1 ;; *) echo "$@" >> "$SCONTROL_LOG" ;; esac\n'
     )
-    for command in ("srun", "scontrol"):
+    for command in ("srun", "scancel", "scontrol"):
         (folder / command).chmod(0o755)
     return folder
 
@@ -248,17 +276,18 @@ def port_for_job() -> tuple[int, int]:
 def test_the_documented_slurm_recipe_checkpoints_at_its_early_warning_requeues_and_resumes(
     shards, uninterrupted, tmp_path
 ):
-    """The batch script of docs/operations.md as SLURM runs it, with stand-ins for srun and
-    scontrol: the early warning (SIGUSR1 to the script) checkpoints both processes and requeues the
+    """The batch script of docs/operations.md as SLURM runs it, with stand-ins for srun, scancel
+    and scontrol: the early warning (SIGUSR1 to the script) checkpoints both processes and requeues the
     job; the requeued start (SLURM_RESTART_COUNT=1) resumes and ends on the weights of a run never
     stopped, without requeueing again."""
     out, log = tmp_path / "run", tmp_path / "scontrol.log"
     script = tmp_path / "job.sh"
     script.write_text(slurm_recipe(shards, out))
     job_id, _ = port_for_job()
+    commands = slurm_commands(tmp_path / "bin")
     env = {
         **ENV,
-        "PATH": f"{slurm_commands(tmp_path / 'bin')}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "PATH": f"{commands}:{Path(sys.executable).parent}:{os.environ['PATH']}",
         "SLURM_JOB_ID": str(job_id), "SLURM_JOB_NODELIST": "localhost", "SLURM_NNODES": "1",
         "SLURM_CPUS_PER_TASK": "1", "SCONTROL_LOG": str(log),
     }  # fmt: skip
@@ -269,6 +298,8 @@ def test_the_documented_slurm_recipe_checkpoints_at_its_early_warning_requeues_a
         _, stderr = first.communicate(timeout=180)
     finally:
         first.kill()
+        # the end of the job: SLURM kills whatever of its step still runs
+        subprocess.run([commands / "scancel", "--signal=KILL", f"{job_id}.0"], check=False)
     assert first.returncode == 0, stderr[-3000:]
     assert log.read_text().split() == ["requeue", str(job_id)]
     stopped_at = json.loads((out / "checkpoints" / "latest.json").read_text())["step"]
