@@ -202,7 +202,7 @@ def test_resume_restores_the_loss_scale_bit_for_bit(shards, tmp_path):
     can tell the resumed Trainer)."""
 
     def scaler_every_3(trainer):
-        trainer.loss_scaler.scaler = torch.amp.GradScaler("cpu", growth_interval=3)
+        trainer.loss_scaler.growth_interval = 3
         return trainer
 
     straight, straight_model = fp16_trainer(shards, tmp_path / "a", overflow_at={2})

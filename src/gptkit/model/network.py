@@ -295,14 +295,23 @@ class GPT(nn.Module):
                 f"sequence of {past + T} tokens is longer than the model's context of "
                 f"{self.config.context_length} tokens"
             )
+        # Reading ids on a GPU waits for the device, and under torch.compile breaks the graph: in
+        # training, every forward would. The training loop checks its batches on the host before
+        # they move, so a training forward reads only ids that are on the host already.
+        training_on_device = self.training and input_ids.device.type != "cpu"
+        if not (training_on_device or torch.compiler.is_compiling()):
+            self.check_token_ids(input_ids)
+
+    def check_token_ids(self, input_ids: torch.Tensor) -> None:
+        """Raise a ValueError naming the first id outside the embeddings (reads the ids' values)."""
+        vocab_size = self.config.total_vocab_size
         if input_ids.numel():
             low, high = torch.aminmax(input_ids)
             low, high = int(low), int(high)
-            if low < 0 or high >= self.config.total_vocab_size:
-                bad = low if low < 0 else high
+            if low < 0 or high >= vocab_size:
                 raise ValueError(
-                    f"token id {bad} is out of range: the model has {self.config.total_vocab_size} token "
-                    f"embeddings (ids 0..{self.config.total_vocab_size - 1})"
+                    f"token id {low if low < 0 else high} is out of range: the model has {vocab_size} "
+                    f"token embeddings (ids 0..{vocab_size - 1})"
                 )
 
     @staticmethod

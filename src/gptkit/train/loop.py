@@ -8,6 +8,11 @@ checkpoints that resume exactly (:mod:`~gptkit.train.checkpoints.checkpointer`),
 (:mod:`~gptkit.train.metrics_log`) and the time-budget planner (:mod:`~gptkit.train.budget`).
 A non-finite update is never applied, and never saved (under fp16, gradients that overflow are the
 loss scaler's: the update is skipped and counted, and the scale lowered).
+
+On a GPU the host waits for the device once per update, no more: the values the update must
+decide on (the loss, the gradient norm, an fp16 overflow, whether there was anything to learn, a
+stop request) are read together, between the backward pass and the optimizer's step. Token ids
+are checked on the host before they move; the rest (the log, the progress bar) uses those values.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from tqdm import tqdm
 
 from gptkit.hardware import matmul_peak_flops, resolve_precision
 from gptkit.io import write_json
+from gptkit.model import GPT
 from gptkit.progress import hidden_unless_terminal
 from gptkit.train.budget import BudgetPlan, TimeBudget
 from gptkit.train.checkpoints.checkpointer import CheckpointConfig, Checkpointer, SaveModel, set_rng_state
@@ -36,12 +42,14 @@ from gptkit.train.metrics_log import MetricsLogger, MetricsWriter, make_writers,
 from gptkit.train.optim import build_optimizers, learning_rate
 from gptkit.train.precision import LossScaler, autocast
 from gptkit.train.rundir import CHECKPOINTS, LATEST, TRAIN_STATE, RunDir
+from gptkit.train.signals import STOP_SIGNALS, Interrupted, StopSignals
 
 __all__ = [
     "CHECKPOINTS",
     "LATEST",
     "TRAIN_STATE",
     "BatchSource",
+    "Interrupted",
     "NonFiniteLossError",
     "TrainConfig",
     "Trainer",
@@ -94,6 +102,12 @@ def micro_batch_size(config: TrainConfig, world_size: int) -> int:
     return micro
 
 
+def token_id_check(model: nn.Module) -> Callable[[torch.Tensor], None] | None:
+    """The check of token ids of the GPT inside ``model`` (a task head's, an adapter's), if any."""
+    gpt = next((m for m in unwrap(model).modules() if isinstance(m, GPT)), None)
+    return None if gpt is None else gpt.check_token_ids
+
+
 class Trainer:
     """Runs ``config.max_steps`` updates of ``model`` on ``data``, resumable from ``out_dir``.
 
@@ -142,7 +156,9 @@ class Trainer:
         self.tokens_seen = 0
         self.precision = resolve_precision(config.precision, self.ctx.device, "training")
         self.loss_scaler = LossScaler(self.precision.dtype, self.ctx.device)  # fp16's; else a plain step
-        self.nothing_to_learn = False  # the last batch had no target token (compute_gradients)
+        self.nothing_to_learn = False  # the last batch had no target token (_update)
+        self.stop = StopSignals()  # listening while fit() runs
+        self.check_token_ids = token_id_check(model)
         self.optimizers = build_optimizers(
             unwrap(model),
             config.optimizer,
@@ -256,31 +272,32 @@ class Trainer:
             dynamic_ncols=True,
         )
         interrupted = False
-        stop = StopSignals()
+        stop = self.stop
         try:
             with stop:
-                self._loop(budget, bar, stop)
+                self._loop(budget, bar)
         except KeyboardInterrupt:  # raised inside an update (not by a signal): the update is undone
             interrupted = True
         finally:
             bar.close()
-        if interrupted or stop.signum is not None:
+        signum = stop.requested(ctx.is_distributed)
+        if interrupted or signum is not None:
             bar.write(f"interrupted: saving a checkpoint at step {self.step}")
         if self.step > 0 and not self.checkpointer.holds(self.step):
             self.save_checkpoint()
-        if interrupted or stop.signum is not None:
+        if interrupted or signum is not None:
             # Saved; now let the caller stop too (the CLI exits 128 + the signal's number).
             self.metrics.close()
-            raise Interrupted(self.step, stop.signum or signal.SIGINT)
+            raise Interrupted(self.step, signum or signal.SIGINT)
         if self.evaluate is not None and not config.eval_every:
             self._evaluate()
         self.metrics.plot()
         self.metrics.close()
         return self.last_metrics
 
-    def _loop(self, budget: TimeBudget | None, bar: tqdm, stop: StopSignals) -> None:
+    def _loop(self, budget: TimeBudget | None, bar: tqdm) -> None:
         ctx = self.ctx
-        while self.step < self.max_steps and not self._stop_requested(stop):
+        while self.step < self.max_steps and self.stop.requested(ctx.is_distributed) is None:
             started = self.clock()
             loss, grad_norm, n_tokens = self._train_step()
             now = self.clock()
@@ -291,16 +308,6 @@ class Trainer:
             if budget is not None:
                 self._follow_budget(budget, now, bar)
             self._after_step(loss, grad_norm, tokens_per_s)
-
-    def _stop_requested(self, stop: StopSignals) -> bool:
-        """Whether a signal asked to stop, on any process: all of them stop after the same update."""
-        if not self.ctx.is_distributed:
-            return stop.signum is not None
-        flag = torch.tensor([0.0 if stop.signum is None else float(stop.signum)], device=self.ctx.device)
-        signum = int(self.ctx.all_reduce_max(flag).item())
-        if signum and stop.signum is None:
-            stop.signum = signum
-        return bool(signum)
 
     def _follow_budget(self, budget: TimeBudget, now: float, bar: tqdm) -> None:
         """Plan (or re-plan) the run for its time budget; stop it at the deadline."""
@@ -358,7 +365,7 @@ class Trainer:
             for group in optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_scale", 1.0)
         total_loss, grad_norm, n_tokens = self.compute_gradients(batch)
-        loss_value, norm_value = float(total_loss), float(grad_norm)
+        loss_value, norm_value, overflow = self._read_update(total_loss, grad_norm)
         # An fp16 gradient that overflowed is the loss scaler's to skip (apply_gradients); a loss
         # that is not finite is not a matter of scale.
         finite_norm = math.isfinite(norm_value) or self.loss_scaler.enabled
@@ -377,7 +384,7 @@ class Trainer:
                 )
             warnings.warn(f"{message}; skipping this update", stacklevel=2)
         else:
-            self.apply_gradients()
+            self.apply_gradients(overflow)
         self.step += 1
         self.tokens_seen += n_tokens * ctx.world_size
         return loss_value, norm_value, n_tokens
@@ -387,6 +394,9 @@ class Trainer:
         and clipped (under fp16, unscaled first): (the mean loss, the gradient norm, this process's
         tokens). Reads no tensor's value, so that it also runs on fake tensors (``gptkit estimate``)."""
         config, ctx = self.config, self.ctx
+        ids = batch["input_ids"]
+        if self.check_token_ids is not None and ctx.device.type != "cpu" and ids.device.type == "cpu":
+            self.check_token_ids(ids)  # on the host: the forward on the device leaves them unread
         micro_batches = split_micro_batches(batch, self.micro_batch_size)
         self.forward.train()
         total_loss = torch.zeros((), device=ctx.device)
@@ -405,20 +415,43 @@ class Trainer:
                 targets += [out.target_tokens.float()] if hasattr(out, "target_tokens") else []
                 self.loss_scaler.scale(loss).backward()
             total_loss += loss.detach().float()
-        total_loss = ctx.all_reduce_mean(total_loss)
-        # Decided alike on every process, from every process's targets.
-        self.nothing_to_learn = bool(targets) and float(ctx.all_reduce_mean(sum(targets))) == 0.0
+        # One all-reduce for what every process decides alike: the loss, the target tokens (of a
+        # model that counts them) and the stop requests (a signal may reach one process first).
+        requests = torch.zeros(len(STOP_SIGNALS), device=ctx.device)
+        if self.stop.signum is not None:
+            requests[STOP_SIGNALS.index(self.stop.signum)] = 1.0  # a fill: nothing copied to the device
+        target_total = sum(targets) if targets else torch.zeros((), device=ctx.device)
+        self.counts_targets = bool(targets)
+        self.shared = ctx.all_reduce_mean(torch.cat([total_loss[None], target_total[None], requests]))
         self.loss_scaler.unscale(self.optimizers)
         if config.grad_clip > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)
         else:
-            grad_norm = torch.zeros(())
-        return total_loss, grad_norm, n_tokens
+            grad_norm = torch.zeros((), device=ctx.device)
+        return self.shared[0], grad_norm, n_tokens
 
-    def apply_gradients(self) -> bool:
+    def _read_update(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[float, float, bool]:
+        """The update's one wait for the device: (the loss, the gradient norm, whether an fp16
+        gradient overflowed), read together with whether the batch had a target token and whether
+        any process was asked to stop."""
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2's norm is a DTensor
+            grad_norm = grad_norm.full_tensor()
+        found_inf = self.loss_scaler.found_inf
+        values = [loss, grad_norm.to(self.ctx.device), *self.shared[1:]]
+        values.append(torch.zeros((), device=self.ctx.device) if found_inf is None else found_inf)
+        loss_value, norm_value, targets, *requests, overflow = torch.stack(
+            [v.float() for v in values]
+        ).tolist()
+        self.nothing_to_learn = self.counts_targets and targets == 0.0
+        if self.stop.agreed is None and any(requests):
+            self.stop.agreed = next(s for s, asked in zip(STOP_SIGNALS, requests, strict=True) if asked)
+        return loss_value, norm_value, bool(overflow)
+
+    def apply_gradients(self, overflow: bool | None = None) -> bool:
         """The optimizers' step with the gradients :meth:`compute_gradients` left, then no gradients.
-        Whether it was applied: under fp16, not when the gradients overflowed."""
-        applied = self.loss_scaler.step(self.optimizers)
+        Whether it was applied: under fp16, not when the gradients overflowed (``overflow`` as the
+        update read it; None: the loss scaler reads it)."""
+        applied = self.loss_scaler.step(self.optimizers, overflow)
         self._zero_grad()
         return applied
 
@@ -463,38 +496,3 @@ class Trainer:
         self.last_metrics = metrics
         self.evaluation_seconds += self.clock() - started
         return metrics
-
-
-class Interrupted(KeyboardInterrupt):
-    """Training stopped by a signal (or Ctrl-C) after a checkpoint was saved."""
-
-    def __init__(self, step: int, signum: int):
-        name = signal.Signals(signum).name
-        super().__init__(f"interrupted at step {step} ({name}); checkpoint saved, continue with --resume")
-        self.exit_code = 128 + signum  # the shell's convention: 130 for SIGINT, 143 for SIGTERM
-
-
-class StopSignals:
-    """While training, SIGTERM and SIGINT (Ctrl-C) ask the loop to stop after the update in flight,
-    so that the checkpoint it saves resumes exactly; a second Ctrl-C stops at once."""
-
-    def __init__(self):
-        self.signum: int | None = None
-        self.previous: dict[int, Any] = {}
-
-    def _handle(self, signum, frame) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt("interrupted twice: stopped without finishing the update in flight")
-        self.signum = signum
-
-    def __enter__(self) -> StopSignals:
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            try:
-                self.previous[signum] = signal.signal(signum, self._handle)
-            except ValueError:  # not the main thread: signals go to the main thread's handlers
-                pass
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)

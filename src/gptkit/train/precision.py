@@ -3,17 +3,25 @@
 fp16 has 5 exponent bits: gradients below about 6e-8 round to zero, and the backward pass's small
 ones would. So the loss is multiplied by a scale S before ``backward`` (the gradients come out S
 times larger, above the underflow) and the gradients divided by S before they are clipped or
-applied (Micikevicius et al., 2018, "Mixed Precision Training"). S is dynamic, as in
-``torch.amp.GradScaler``, which does the work: an update whose gradients overflowed (inf or NaN) is
-skipped and S halved; after 2000 updates in a row without overflow, S doubles. An overflow is thus
-fp16's normal business, not a failure of the run: the loop counts the skipped updates and goes on.
-bf16 has fp32's exponent range and needs no scaling; fp32 runs as it is.
+applied (Micikevicius et al., 2018, "Mixed Precision Training"). S is dynamic, with
+``torch.amp.GradScaler``'s rule and checkpoint format: an update whose gradients overflowed (inf
+or NaN) is skipped and S halved; after 2000 updates in a row without overflow, S doubles. An
+overflow is thus fp16's normal business, not a failure of the run: the loop counts the skipped
+updates and goes on. bf16 has fp32's exponent range and needs no scaling; fp32 runs as it is.
+
+The scaler is gptkit's own rather than GradScaler for three reasons. S lives on the host (a power
+of two, exact as a Python float), so reading it for the log never waits for the device. The
+gradients are unscaled with 1/S made on each gradient's own device, never copied there: GradScaler
+copies it with ``non_blocking=True``, and a host kernel (FSDP2's gradients offloaded to the CPU)
+may read the copy before it lands. And one overflow decision covers every optimizer: GradScaler
+decides per optimizer, so Muon could step while AdamW skipped.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,63 +45,106 @@ class LossScaler:
 
     An update is: ``scale(loss).backward()`` for each micro-batch, ``unscale(optimizers)`` (before
     clipping, so that the norm and the clip are the true gradients'), then ``step(optimizers)``,
-    which applies the update unless the gradients overflowed and moves the scale. Under FSDP2 each
-    rank checks its own shards, and DTensor's all-reduce of the overflow flag makes every rank skip
-    alike; under DDP the gradients are the same everywhere already.
+    which applies the update unless a gradient overflowed and moves the scale. ``found_inf`` holds
+    the overflow on the device until the loop reads it with the update's other values. Under FSDP2
+    each rank checks its own shards, and DTensor's all-reduce of the overflow flag (its rule for
+    ``_amp_foreach_non_finite_check_and_unscale_``) makes every rank skip alike; under DDP the
+    gradients are the same everywhere already.
     """
 
-    def __init__(self, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        dtype: torch.dtype,
+        device: torch.device,
+        init_scale: float = 2.0**16,
+        growth_interval: int = 2000,
+    ):
         self.enabled = dtype == torch.float16
-        self.scaler = torch.amp.GradScaler(device.type, enabled=self.enabled)
+        self.device = device
+        self.scale_value = init_scale  # S: a power of two
+        self.growth_factor, self.backoff_factor, self.growth_interval = 2.0, 0.5, growth_interval
+        self.growth_tracker = 0  # updates in a row without overflow
         self.skipped = 0  # updates skipped for overflow, over the whole run (checkpointed)
         self.pending = False  # an update scaled and not yet stepped or discarded
+        self.found_inf: torch.Tensor | None = None  # after unscale: > 0 where a gradient overflowed
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss`` times the current scale (``loss`` itself when not scaling)."""
-        self.pending = self.enabled
-        return self.scaler.scale(loss)
+        if not self.enabled:
+            return loss
+        self.pending = True
+        return loss.float() * self.scale_value  # fp32: S itself may be past fp16's largest (65504)
 
     def unscale(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
-        """Divide the gradients by the scale, noting any inf or NaN (once per update)."""
+        """Divide the gradients by the scale, noting any inf or NaN in ``found_inf`` (on the device)."""
+        if not self.enabled:
+            return
+        groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = defaultdict(list)
         for optimizer in optimizers:
-            self.scaler.unscale_(optimizer)
+            for group in optimizer.param_groups:
+                for param in group["params"]:
+                    if param.grad is not None:
+                        groups[(param.grad.device, param.grad.dtype)].append(param.grad)
+        flags = [torch.zeros((), device=self.device)]
+        for (device, _), grads in groups.items():
+            # Made where the gradients are, from the host's value: nothing to copy, nothing to wait for.
+            inverse = torch.full((), 1.0 / self.scale_value, dtype=torch.float32, device=device)
+            found = torch.zeros((), dtype=torch.float32, device=device)
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inverse)
+            # A host flag was written by a kernel that has finished; a copy from the host is ordered.
+            flags.append(found.to(self.device))
+        self.found_inf = torch.stack(flags).amax()
 
-    def step(self, optimizers: Sequence[torch.optim.Optimizer]) -> bool:
-        """Apply the update unless the gradients overflowed; move the scale. Whether it was applied."""
+    def step(self, optimizers: Sequence[torch.optim.Optimizer], overflow: bool | None = None) -> bool:
+        """Apply the update unless a gradient overflowed; move the scale. Whether it was applied.
+
+        ``overflow``: ``found_inf`` as the caller read it; None reads it here (one wait for the
+        device). One decision for every optimizer: all step, or none."""
         if not self.enabled:
             for optimizer in optimizers:
                 optimizer.step()
             return True
-        before = self.scaler.get_scale()
+        if overflow is None:
+            overflow = self.found_inf is not None and bool(self.found_inf.item())
+        self.pending, self.found_inf = False, None
+        if overflow:
+            self.scale_value *= self.backoff_factor
+            self.growth_tracker = 0
+            self.skipped += 1
+            return False
         for optimizer in optimizers:
-            self.scaler.step(optimizer)  # skips this optimizer's step if any gradient overflowed
-        self.scaler.update()
-        self.pending = False
-        # The scale falls only after an overflow (backoff 0.5); it stays or doubles otherwise.
-        applied = self.scaler.get_scale() >= before
-        self.skipped += not applied
-        return applied
+            optimizer.step()
+        self.growth_tracker += 1
+        if self.growth_tracker == self.growth_interval:
+            self.scale_value *= self.growth_factor
+            self.growth_tracker = 0
+        return True
 
     def discard(self) -> None:
         """Forget an update that is not applied for another reason (a non-finite loss, which no
         scale explains): the scale stays, and the next update unscales afresh."""
-        if self.pending:
-            self.scaler.update(self.scaler.get_scale())
-            self.pending = False
+        self.pending, self.found_inf = False, None
 
     def metrics(self) -> dict[str, float]:
         """What the metrics log and the progress bar show: the scale and the updates skipped so far
-        (nothing when not scaling)."""
+        (nothing when not scaling). Host values: reading them waits for nothing."""
         if not self.enabled:
             return {}
-        return {"loss_scale": self.scaler.get_scale(), "skipped_updates": self.skipped}
+        return {"loss_scale": self.scale_value, "skipped_updates": self.skipped}
 
     def state_dict(self) -> dict[str, Any]:
-        """The scale, its growth counter and the skipped updates: plain numbers (exact: the scale is
-        an fp32 value, which a Python float holds exactly). Empty when not scaling."""
+        """The scale, its growth counter and the skipped updates: plain numbers, in GradScaler's
+        keys (a checkpoint written with it resumes here). Empty when not scaling."""
         if not self.enabled:
             return {}
-        return {**self.scaler.state_dict(), "skipped": self.skipped}
+        return {
+            "scale": self.scale_value,
+            "growth_factor": self.growth_factor,
+            "backoff_factor": self.backoff_factor,
+            "growth_interval": self.growth_interval,
+            "_growth_tracker": self.growth_tracker,
+            "skipped": self.skipped,
+        }
 
     def load_state_dict(self, state: dict[str, Any], source: str) -> None:
         """Continue from :meth:`state_dict`'s ``state``; ``source`` names the checkpoint in errors.
@@ -112,5 +163,10 @@ class LossScaler:
             count = state.get(name)
             if not isinstance(count, int) or isinstance(count, bool) or count < 0:
                 raise ValueError(f"{source}: {what} is {count!r}, expected a count")
-        self.scaler.load_state_dict({k: v for k, v in state.items() if k != "skipped"})
-        self.skipped = state["skipped"]
+        self.scale_value, self.growth_tracker, self.skipped = (
+            scale,
+            state["_growth_tracker"],
+            state["skipped"],
+        )
+        for name in ("growth_factor", "backoff_factor", "growth_interval"):
+            setattr(self, name, state.get(name, getattr(self, name)))
