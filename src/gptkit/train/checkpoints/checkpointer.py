@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
@@ -29,6 +29,9 @@ from gptkit.io import file_sha256, read_json, read_json_object, read_train_state
 from gptkit.train.checkpoints.sharded import SHARDED_FORMAT, is_sharded_model, load_shards, save_shards
 from gptkit.train.distributed.processes import DistributedContext, full_state_dicts, load_full_state_dicts
 from gptkit.train.rundir import LATEST, TRAIN_STATE, RunDir
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.api import CheckpointException
 
 SaveModel = Callable[[Path, dict[str, torch.Tensor]], None]
 DescribeModel = Callable[[Path], None]  # writes the files that say what the model is (config.json)
@@ -78,20 +81,21 @@ class Checkpointer:
             self._save_sharded(final, model, optimizers, train_state)
         else:
             model_state, optim_state = full_state_dicts(model, optimizers, self.ctx)
-            if self.ctx.is_main:
 
-                def write(staging: Path) -> None:
-                    self.save_model(staging, model_state)
-                    torch.save({**train_state, "optimizer": optim_state}, staging / TRAIN_STATE)
-                    write_manifest(staging)  # last: a checkpoint with a manifest is complete
+            def write(staging: Path) -> None:
+                self.save_model(staging, model_state)
+                torch.save({**train_state, "optimizer": optim_state}, staging / TRAIN_STATE)
+                write_manifest(staging)  # last: a checkpoint with a manifest is complete
 
-                self._staged(final, write)
-        if self.ctx.is_main:
+            self._together(lambda: self._staged(final, write) if self.ctx.is_main else None)
+
+        def commit() -> None:
             shutil.rmtree(final, ignore_errors=True)
             self.run_dir.staging(final).rename(final)
             write_json(self.run_dir.latest_pointer, {"step": step, "path": final.name})
             self.prune()
-        self.ctx.barrier()
+
+        self._together(commit if self.ctx.is_main else lambda: None)  # also the barrier that ends it
         return final
 
     def _save_sharded(
@@ -99,21 +103,47 @@ class Checkpointer:
     ) -> None:
         """Every process writes its shards into the staging folder; then rank 0 the model's
         description, the training state (its moments are in the shards) and the manifest."""
-        staging = self.run_dir.staging(final)
-        if self.ctx.is_main:
-            shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir(parents=True)
-        self.ctx.barrier()  # the folder exists, empty, before anyone writes into it
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        # Rank 0 makes the folder afresh (a write of nothing, its failure told as a write's); every
+        # process learns it exists, empty, before anyone writes into it.
+        self._together(lambda: self._staged(final, lambda _: None) if self.ctx.is_main else None)
 
         def write(staging: Path) -> None:
-            entries = save_shards(staging, model, optimizers, self.ctx)
+            try:
+                entries = save_shards(staging, model, optimizers, self.ctx)
+            except CheckpointException as e:  # not an Exception: made one, as this process tells it
+                raise _dcp_failure(e, self.ctx.rank) from e
             if self.ctx.is_main:
                 assert self.describe_model is not None
                 self.describe_model(staging)
                 torch.save({**train_state, "optimizer": {}, "format": SHARDED_FORMAT}, staging / TRAIN_STATE)
                 write_manifest(staging, entries)
 
-        self._staged(final, write, fresh=False)
+        try:
+            self._together(lambda: self._staged(final, write, fresh=False))
+        except Exception:
+            if self.ctx.is_main:  # another process's failure leaves rank 0's files behind otherwise
+                shutil.rmtree(self.run_dir.staging(final), ignore_errors=True)
+            raise
+
+    def _together(self, action: Callable[[], None]) -> None:
+        """Run ``action`` here, then learn from every process whether it failed there: all raise
+        together (this process its own error, the others one naming the process that failed and
+        why), so that none is left waiting in a collective that a failed one never reaches. A
+        barrier too. Alone, the error is raised as it was."""
+        failure: Exception | None = None
+        try:
+            action()
+        except Exception as e:
+            failure = e
+        reports = self.ctx.all_gather_object(None if failure is None else _report(failure))
+        if failure is not None:
+            raise failure
+        for rank, report in enumerate(reports):
+            if report is not None:
+                code, message = report
+                raise _write_error(code, f"rank {rank} failed: {message}")
 
     def _staged(self, final: Path, write: Callable[[Path], None], fresh: bool = True) -> None:
         """Run ``write`` into ``final``'s staging folder (made afresh unless ``fresh`` is False);
@@ -149,8 +179,7 @@ class Checkpointer:
             what += "The previous checkpoint is intact: free space, then --resume"
         else:
             what += "No checkpoint was written yet: free space, then run again"
-        code = error.errno if isinstance(error, OSError) else None
-        return CheckpointWriteError(code, what) if code is not None else CheckpointWriteError(what)
+        return _write_error(error.errno if isinstance(error, OSError) else None, what)
 
     def prune(self) -> None:
         for old in self.run_dir.completed_checkpoints()[: -self.config.keep]:
@@ -214,6 +243,33 @@ class Checkpointer:
         state["rng"] = rng[self.ctx.rank] if len(rng) == self.ctx.world_size else None
         state["rng_processes"] = len(rng)
         return state
+
+
+def _write_error(code: int | None, what: str) -> CheckpointWriteError:
+    return CheckpointWriteError(code, what) if code is not None else CheckpointWriteError(what)
+
+
+def _report(error: Exception) -> tuple[int | None, str]:
+    """(errno or None, one line without it): what the other processes are told of a failure."""
+    if isinstance(error, OSError):
+        return error.errno, error.strerror or str(error)
+    return None, f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+
+
+def _dcp_failure(error: CheckpointException, rank: int) -> BaseException:
+    """What failed in DCP's save, which raises every process's failures on every process: this
+    process's own error where it failed, else the first failed process's, naming that process."""
+    failures = {r: (f[0] if isinstance(f, tuple) else f) for r, f in error.failures.items()}
+    if not failures:
+        return RuntimeError(str(error))
+    if rank in failures:
+        return failures[rank]
+    first = min(failures)
+    cause = failures[first]
+    if isinstance(cause, OSError):
+        return OSError(cause.errno, f"{cause.strerror or cause} on rank {first}", cause.filename)
+    line = (str(cause).strip().splitlines() or [""])[0]
+    return RuntimeError(f"{type(cause).__name__} on rank {first}: {line}")
 
 
 def rng_state() -> dict[str, torch.Tensor]:

@@ -34,6 +34,9 @@ class BestModel:
 
     def __call__(self, step: int, metrics: dict[str, float], model: nn.Module) -> None:
         score = metrics.get(f"dev_{self.metric}", metrics.get("dev_accuracy", -math.inf))
+        # Each rank scores what it evaluated, and floating point may differ between them: all follow
+        # rank 0's score, so that all or none enter the gather below (a collective under FSDP2).
+        score, metrics = self.ctx.all_gather_object((score, metrics))[0]
         if score <= self.best["score"]:
             return
         self.best.update(score=score, step=step, metrics=metrics)
