@@ -528,7 +528,7 @@ def test_nested_flags_keep_their_flat_names_and_fill_the_nested_configs():
     # were nested (listed from that version), no more: the rest of the template is each task's own.
     training = {
         "--activation-checkpointing", "--adamw-lr-scale", "--batch-size", "--beta1", "--beta2", "--checkpoint-every", "--compile",
-        "--eps", "--eval-every", "--fsdp", "--fsdp-offload", "--grad-clip", "--group-by-length", "--keep-checkpoints",
+        "--collective-timeout", "--eps", "--eval-every", "--fsdp", "--fsdp-offload", "--fsdp-defer-gradient-sync", "--grad-clip", "--group-by-length", "--keep-checkpoints",
         "--log-every", "--log-to", "--lr", "--max-steps", "--micro-batch-size", "--on-nonfinite",
         "--optimizer", "--precision", "--progress", "--schedule", "--seed", "--time-budget",
         "--warmup-steps", "--weight-decay", "--data-dir", "--device", "--epochs", "--init",

@@ -296,9 +296,17 @@ def train_settings(template: FinetuneConfig) -> dict:
     and how examples are batched."""
     train: TrainConfig = template.training
     return {
-        # Memory settings compute the same updates: a suite continues with other ones.
+        # Memory settings compute the same updates (to rounding), and a collective's timeout none:
+        # a suite continues with other ones.
         **settings_of(
-            train, "progress", "log_every", "keep_checkpoints", "activation_checkpointing", "fsdp_offload"
+            train,
+            "progress",
+            "log_every",
+            "keep_checkpoints",
+            "activation_checkpointing",
+            "fsdp_offload",
+            "fsdp_defer_gradient_sync",
+            "collective_timeout",
         ),
         "group_by_length": template.group_by_length,
     }

@@ -4,6 +4,7 @@ checked) and the durations a time budget is written in."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -114,6 +115,15 @@ class TrainConfig:
             "the device block by block (slower; for a model whose states do not fit the device)."
         },
     )
+    fsdp_defer_gradient_sync: bool = field(
+        default=False,
+        metadata={
+            "help": "With --fsdp and gradient accumulation: reduce-scatter the gradients once per update "
+            "instead of once per micro-batch, at the cost of a whole fp32 gradient of every parameter held on "
+            "every device between micro-batches (4 bytes a parameter, on the device even with "
+            "--fsdp-offload)."
+        },
+    )
     collective_timeout: str = field(
         default="10m",
         metadata={
@@ -180,11 +190,7 @@ class TrainConfig:
             fail("lr", f"must be > 0, got {self.lr}")
         if not self.adamw_lr_scale > 0:
             fail("adamw_lr_scale", f"must be > 0, got {self.adamw_lr_scale}")
-        if self.optimizer == "muon" and self.fsdp:
-            # FSDP hands each process a shard of every matrix; Muon orthogonalises whole matrices.
-            fail("optimizer", "muon does not run with --fsdp (it needs whole matrices): use DDP, or adamw")
-        if self.fsdp_offload and not self.fsdp:
-            fail("fsdp_offload", "offloads FSDP2's shards: add --fsdp, or drop --fsdp-offload")
+        self._check_sharding(fail)
         for name in ("weight_decay", "grad_clip"):
             if getattr(self, name) < 0:
                 fail(name, f"must be >= 0, got {getattr(self, name)}")
@@ -201,6 +207,19 @@ class TrainConfig:
         if self.time_budget is not None:
             parse_duration(self.time_budget)  # raises with the expected form
         parse_duration(self.collective_timeout, "collective timeout")
+
+    def _check_sharding(self, fail: Callable[[str, str], None]) -> None:
+        """What runs with FSDP2 only, and what does not run with it."""
+        if self.optimizer == "muon" and self.fsdp:
+            # FSDP hands each process a shard of every matrix; Muon orthogonalises whole matrices.
+            fail("optimizer", "muon does not run with --fsdp (it needs whole matrices): use DDP, or adamw")
+        needs_fsdp = {
+            "fsdp_offload": "offloads FSDP2's shards",
+            "fsdp_defer_gradient_sync": "defers FSDP2's reduction of the gradients",
+        }
+        for name, what in needs_fsdp.items():
+            if getattr(self, name) and not self.fsdp:
+                fail(name, f"{what}: add --fsdp, or drop --{name.replace('_', '-')}")
 
     def default_warmup(self, max_steps: int) -> int:
         """Warm-up updates when ``warmup_steps`` is not given: GPT-1's 2000, at most a tenth of training."""

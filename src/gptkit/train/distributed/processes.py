@@ -195,6 +195,11 @@ def fsdp_policies(ctx: DistributedContext, train: TrainConfig) -> dict:
     return {"mp_policy": mixed, "offload_policy": offload}
 
 
+# The attribute of an FSDP2 model that says whether it defers its gradients' reduction to the last
+# micro-batch (TrainConfig.fsdp_defer_gradient_sync).
+DEFER_GRADIENT_SYNC = "_gptkit_defer_gradient_sync"
+
+
 def shard_model(model: nn.Module, ctx: DistributedContext, train: TrainConfig) -> nn.Module:
     """FSDP2 as torchtitan applies it: each block its own unit (gathered just before it runs and
     freed after), then the root (the embeddings, the final LayerNorm, a task head)."""
@@ -204,15 +209,25 @@ def shard_model(model: nn.Module, ctx: DistributedContext, train: TrainConfig) -
     for block in transformer_blocks(model):
         fully_shard(block, **options)
     fully_shard(model, **options)
+    # Recorded on the model, where gradient_sync finds it: the training loop passes the model only.
+    setattr(model, DEFER_GRADIENT_SYNC, train.fsdp_defer_gradient_sync)
     return model
 
 
 def gradient_sync(wrapped: nn.Module, sync: bool):
-    """Context in which backward() all-reduces gradients only when ``sync`` (the last micro-step)."""
+    """Context for one micro-batch's forward and backward; ``sync`` on the update's last one.
+
+    DDP all-reduces on the last micro-batch only (``no_sync`` before): its buckets hold a whole
+    gradient whichever way, so accumulating unreduced costs no memory. FSDP2 reduce-scatters after
+    every micro-batch (as torchtitan does), so that each rank holds only its shard of the gradient:
+    skipping the reduction makes FSDP2 keep every parameter's unsharded gradient, in its fp32
+    reduce dtype and on the device even with CPU offload, until the last micro-batch (4 bytes a
+    parameter on every rank). A model sharded with ``fsdp_defer_gradient_sync`` takes that memory
+    for one reduce-scatter per update instead of one per micro-batch."""
     if hasattr(wrapped, "no_sync"):  # DDP
         return contextlib.nullcontext() if sync else wrapped.no_sync()
     if hasattr(wrapped, "set_requires_gradient_sync"):  # FSDP2
-        wrapped.set_requires_gradient_sync(sync)
+        wrapped.set_requires_gradient_sync(sync or not getattr(wrapped, DEFER_GRADIENT_SYNC, False))
     return contextlib.nullcontext()
 
 

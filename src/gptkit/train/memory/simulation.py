@@ -7,7 +7,9 @@ runs two updates of the Trainer's own step (:meth:`Trainer.compute_gradients` an
 dtype and a device but no storage, and every collective returns at once. PyTorch's memory tracker
 (``FSDPMemTracker`` for FSDP2, ``MemTracker`` otherwise) records what this rank holds at each
 moment; the peak of the second update is the run's steady state (the optimizer's moments exist
-from the first step on).
+from the first step on). Each update runs all its micro-batches, so that the peak includes what a
+device holds between them: under FSDP2 with a deferred gradient reduction
+(``fsdp_defer_gradient_sync``), every parameter's unsharded fp32 gradient.
 
 What differs from a real GPU, for ``target="gpu"``, is modelled here rather than run:
 - The fake tensors are CPU tensors (autograd on fake CUDA tensors aborts a CPU build of PyTorch):
@@ -53,6 +55,7 @@ from gptkit.train.memory.torch_internals import (
     fake_tensor_mode,
     memory_tracker,
     skip_gradient_hooks,
+    unsupported,
     watch_peaks,
 )
 
@@ -240,6 +243,26 @@ class _Peaks:
             self.host = host
 
 
+@contextlib.contextmanager
+def every_micro_batch(tracker: Any, model: nn.Module, fsdp: bool):
+    """Inside the entered ``tracker``: the update's micro-batches each run the model once, which
+    FSDPMemTracker refuses after the first (it takes a second forward of the root for the next
+    iteration). The statistics per module it keeps, which the estimate does not read, are cleared
+    before each forward, so that every micro-batch runs and the peak spans them all, with what the
+    device holds between them (FSDP2's unsharded gradients, when their reduction is deferred)."""
+    if not fsdp:
+        yield
+        return
+    if not hasattr(tracker, "reset_mod_stats"):
+        raise unsupported("the memory tracker's reset_mod_stats", "gradient accumulation under FSDP2")
+    # Before the tracker's own hook, which it put first on entering.
+    handle = model.register_forward_pre_hook(lambda *args: tracker.reset_mod_stats(), prepend=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 def simulate(simulation: Simulation, per_device: int) -> Estimate:
     """Two updates of ``per_device`` sequences per device on fake tensors; the second's peak."""
     rules = cuda_autocast_rules() if simulation.target == "gpu" else contextlib.nullcontext()
@@ -263,7 +286,7 @@ def simulate(simulation: Simulation, per_device: int) -> Estimate:
         tracker = memory_tracker(trainer.model, trainer.optimizers, fsdp)
         skip_gradient_hooks(tracker, trainer.model)
         watch_peaks(tracker, peak)
-        with tracker:
+        with tracker, every_micro_batch(tracker, trainer.model, fsdp):
             trainer.compute_gradients(batch)
             states = held_states(trainer)
             trainer.apply_gradients()
