@@ -44,12 +44,19 @@ def save_shards(
     model_state, optim_state = get_state_dict(unwrap(model), optimizers)
     writer = dcp.FileSystemWriter(directory, single_file_per_rank=True, sync_files=True)
     dcp.save({MODEL_KEY: model_state, OPTIMIZER_KEY: optim_state}, storage_writer=writer)
-    mine = {
-        path.name: {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
-        for path in sorted(directory.glob(f"__{ctx.rank}_*.distcp"))
-    }
+    try:
+        mine: dict | str = {
+            path.name: {"bytes": path.stat().st_size, "sha256": file_sha256(path)}
+            for path in sorted(directory.glob(f"__{ctx.rank}_*.distcp"))
+        }
+    except OSError as e:  # told to the others in the gather they wait in, not left out of it
+        mine = f"{e.strerror or e} ({e.filename})"
+    gathered = ctx.all_gather_object(mine)
+    failed = next(((rank, m) for rank, m in enumerate(gathered) if isinstance(m, str)), None)
+    if failed is not None:
+        raise OSError(f"could not hash the shards of rank {failed[0]}: {failed[1]}")
     entries: dict[str, dict] = {}
-    for files in ctx.all_gather_object(mine):
+    for files in gathered:
         entries.update(files)
     return entries
 
