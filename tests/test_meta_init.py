@@ -12,8 +12,8 @@ import torch.multiprocessing as mp
 
 from gptkit import GPT, GPTConfig
 from gptkit.testing.processes import free_port, torchrun_environment
-from gptkit.train.distributed import meta_init
 from gptkit.train.config import TrainConfig
+from gptkit.train.distributed import meta_init
 from gptkit.train.distributed.meta_init import dim0_rows
 
 # Uneven on purpose: 37 rows of the embedding do not split evenly over 2 processes.
