@@ -32,8 +32,9 @@
 #   serve_throughput.py      no device option: it starts `gptkit serve --device cpu --dtype float32`.
 #   tokenizer_throughput.py  the tokenizers run on the CPU by nature; nothing to move to a GPU.
 #   prepare_throughput.py    corpus preparation is CPU work (tokenizing, writing shards) by nature.
-#   scripts/gpu_checks.py    not a benchmark: what only CUDA can check (its JSON line says passed
-#                            or failed for each); it fails the script when a check fails.
+#   scripts/gpu_checks.py    not a benchmark: what only CUDA can check (its JSON line says passed,
+#                            failed or skipped and why for each), on every GPU for its multi-process
+#                            checks (--nproc); it fails the script when a check fails.
 # The CPU-only ones are run unchanged (their JSON records the CPU they ran on); --device-only skips
 # them.
 #
@@ -48,7 +49,7 @@ for arg in "$@"; do
         --quick) quick=(--quick) ;;
         --device-only) device_only=1 ;;
         --paper) paper=1 ;;
-        -h | --help) sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) sed -n '2,42p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -119,12 +120,15 @@ if [ "$device_only" = 0 ]; then
     done
 fi
 
-# What only a GPU can check (scripts/gpu_checks.py): selective checkpointing's gradients against the
-# unchecked run's with dropout through fused attention, fp16 training with loss scaling, and on 2 or
-# more GPUs a sharded (DCP) checkpoint saved on all of them and resumed on half, and `gptkit
-# estimate`'s device peak against max_memory_allocated under FSDP2 with and without CPU offload.
-echo "== gpu_checks" >&2
-if "$python" scripts/gpu_checks.py >"$out/gpu_checks.out"; then
+# What only a GPU can check (scripts/gpu_checks.py, each check under its own timeout): `gptkit
+# estimate`'s device peak against max_memory_allocated (and under FSDP2 with and without CPU offload
+# on 2 or more GPUs), selective checkpointing's gradients with dropout through fused attention, bf16
+# and fp16 training, an FSDP2 run's sharded (DCP) checkpoint resumed on 2 CPU processes, and
+# decoding and serving throughput beside transformers'. PYTHONPATH=src: gptkit need not be installed.
+gpus="$("$python" -c 'import torch; print(torch.cuda.device_count())')"
+echo "== gpu_checks --nproc $gpus" >&2
+if PYTHONPATH="$repo/src${PYTHONPATH:+:$PYTHONPATH}" "$python" scripts/gpu_checks.py --nproc "$gpus" \
+    >"$out/gpu_checks.out"; then
     tail -n 1 "$out/gpu_checks.out" | tee -a "$out/all.jsonl"
 else
     echo "gpu.sh: gpu_checks failed; its output:" >&2
