@@ -32,7 +32,7 @@ from gptkit.train.memory.estimate import (
     estimate,
     pretrain_simulation,
 )
-from gptkit.train.memory.simulation import Simulation, simulated_config
+from gptkit.train.memory.simulation import NoBatches, Simulation, simulated_config
 from gptkit.train.run import ModelShape
 
 TOLERANCE = 0.15  # estimated / measured within 0.85-1.15, the target benchmarks/memory_estimate.py holds
@@ -70,19 +70,6 @@ def estimated(settings: Settings, shape: str, checkpointing: str) -> dict[str, A
     return {"estimated_bytes": result.peak_bytes, "estimated_by_category": result.by_category}
 
 
-class _NoBatches:
-    """The Trainer's batch source, never read: the check passes each batch itself."""
-
-    def next_batch(self) -> dict:
-        raise RuntimeError("the memory check feeds its batches itself")
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
-
-
 def measured(settings: Settings, shape: str, checkpointing: str) -> dict[str, Any]:
     """The row's two updates for real; on a GPU their peak above what was held before the build,
     and the second update's alone (the steady state the estimate reports)."""
@@ -98,7 +85,7 @@ def measured(settings: Settings, shape: str, checkpointing: str) -> dict[str, An
     with tempfile.TemporaryDirectory() as out, torch.device(device):
         torch.manual_seed(train.seed)
         ctx = DistributedContext(device=device)
-        trainer = Trainer(wrap_model(sim.build(), ctx, train), train, _NoBatches(), out, lambda *a: None, ctx)
+        trainer = Trainer(wrap_model(sim.build(), ctx, train), train, NoBatches(), out, lambda *a: None, ctx)
         synchronize(device)
         if cuda:
             torch.cuda.reset_peak_memory_stats(device)
@@ -170,7 +157,7 @@ def offload_peak(device: str, offload: bool, result: Path) -> None:
     cuda = ctx.device.type == "cuda"
     before = torch.cuda.memory_allocated(ctx.device) if cuda else 0
     with tempfile.TemporaryDirectory() as out, torch.device(ctx.device):
-        trainer = Trainer(wrap_model(sim.build(), ctx, train), train, _NoBatches(), out, lambda *a: None, ctx)
+        trainer = Trainer(wrap_model(sim.build(), ctx, train), train, NoBatches(), out, lambda *a: None, ctx)
         synchronize(ctx.device)
         if cuda:
             torch.cuda.reset_peak_memory_stats(ctx.device)

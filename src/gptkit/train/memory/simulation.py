@@ -118,11 +118,12 @@ def simulated_ranks(devices: int):
             dist.destroy_process_group()
 
 
-class _NoData:
-    """The Trainer's batch source, never read: the estimate passes each batch itself."""
+class NoBatches:
+    """The Trainer's batch source, never read: its caller passes each batch itself (the estimate,
+    a measurement of the same update)."""
 
     def next_batch(self):
-        raise RuntimeError("the estimate feeds its batches itself")
+        raise RuntimeError("no batch source: the caller feeds each batch itself")
 
     def state_dict(self) -> dict:
         return {}
@@ -172,7 +173,7 @@ def build_trainer(simulation: Simulation, ctx: DistributedContext, per_device: i
     # step then differs only by DDP's buckets, which simulate() adds), the Trainer runs N ranks.
     wrap_ctx = DistributedContext() if uses_ddp(simulation) else ctx
     return Trainer(
-        wrap_model(model, wrap_ctx, train), train, _NoData(), out_dir, save_model=lambda *a: None, ctx=ctx
+        wrap_model(model, wrap_ctx, train), train, NoBatches(), out_dir, save_model=lambda *a: None, ctx=ctx
     )
 
 
