@@ -19,7 +19,7 @@ def events(monkeypatch, tmp_path) -> list[str]:
     def held() -> str:
         return "locked" if lock.exists() and lock.read_text() else "unlocked"
 
-    def start(device):
+    def start(device, *process_group_settings):
         happened.append(f"start ({held()})")
         return DistributedContext()
 

@@ -103,14 +103,13 @@ class ForcedOverflow:
     def __call__(self, step: int) -> None:
         scaler = self.trainer.loss_scaler
         if step == self.at:
-            self.observed["scale_before"] = scaler.state_dict()["scale"]
+            self.observed["scale_before"] = scaler.scale_value
             self.observed["skipped_before"], self.weights = scaler.skipped, _weights_sum(self.trainer.model)
-            scaler.load_state_dict({**scaler.state_dict(), "scale": 2.0**64}, "forced overflow")
+            scaler.scale_value = 2.0**64
         elif step == self.at + 1:
             self.observed["weights_unchanged"] = _weights_sum(self.trainer.model) == self.weights
             self.observed["counted_as_skipped"] = scaler.skipped == self.observed["skipped_before"] + 1
-            restored = {**scaler.state_dict(), "scale": self.observed["scale_before"]}
-            scaler.load_state_dict(restored, "forced overflow")
+            scaler.scale_value = self.observed["scale_before"]
 
 
 def _losses(out: str) -> list[dict]:
