@@ -98,7 +98,7 @@ def test_one_process_reads_the_device_once_per_update(tmp_path, overrides):
     assert loop_reads(tmp_path, **overrides) == {"gptkit.train.loop._read_update": UPDATES}
 
 
-def two_ranks(rank: int, world_size: int, port: int, out_dir: str, results) -> None:
+def two_ranks(rank: int, world_size: int, port: int, out_dir: str, overrides: dict, results) -> None:
     import torch.distributed as dist
 
     from gptkit.testing.processes import torchrun_environment
@@ -107,20 +107,27 @@ def two_ranks(rank: int, world_size: int, port: int, out_dir: str, results) -> N
     torchrun_environment(rank, world_size, port)
     ctx = init_distributed("cpu")
     try:
-        results[rank] = dict(loop_reads(f"{out_dir}/{rank}", ctx))
+        results[rank] = dict(loop_reads(f"{out_dir}/{rank}", ctx, **overrides))
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.slow
-def test_each_of_two_processes_reads_the_device_once_per_update(tmp_path):
-    """Under torchrun the stop request travels in the update's own all-reduce: no second read."""
+@pytest.mark.parametrize("budget", [None, "1h"], ids=["no-budget", "time-budget"])
+def test_each_of_two_processes_reads_the_device_once_per_update(tmp_path, budget):
+    """Under torchrun the stop requests and a time budget's deadline travel in the update's own
+    all-reduce: no second read. Planning for the budget (after the 5th update) reads the ranks'
+    mean pace, once."""
     import torch.multiprocessing as mp
 
     from gptkit.testing.processes import free_port
 
+    overrides = {} if budget is None else {"time_budget": budget}
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(two_ranks, args=(2, free_port(), str(tmp_path), results), nprocs=2, join=True)
+        mp.spawn(two_ranks, args=(2, free_port(), str(tmp_path), overrides, results), nprocs=2, join=True)
         got = dict(results)
-    assert got == {rank: {"gptkit.train.loop._read_update": UPDATES} for rank in (0, 1)}
+    expected = {"gptkit.train.loop._read_update": UPDATES}
+    if budget is not None:
+        expected["gptkit.train.budget._updates_that_fit"] = 1
+    assert got == {0: expected, 1: expected}

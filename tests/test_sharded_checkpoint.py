@@ -22,7 +22,7 @@ from gptkit.train.checkpoints.checkpointer import CheckpointConfig, Checkpointer
 from gptkit.train.checkpoints.export import CheckpointExportConfig, export_checkpoint
 from gptkit.train.checkpoints.sharded import read_model_state
 from gptkit.train.distributed.processes import DistributedContext
-from gptkit.train.loop import read_metrics
+from gptkit.train.metrics_log import read_metrics
 from gptkit.train.rundir import RunDir
 from tests.test_train import alice_shards, assert_same_model
 

@@ -22,7 +22,9 @@ from gptkit.data.shards import TokenShard
 from gptkit.data.windows import WindowSampler
 from gptkit.model.weights import read_state_dict, save_state_dict
 from gptkit.tokenizer import Tokenizer
-from gptkit.train.loop import NonFiniteLossError, TrainConfig, Trainer, read_metrics
+from gptkit.train.config import TrainConfig
+from gptkit.train.loop import NonFiniteLossError, Trainer
+from gptkit.train.metrics_log import read_metrics
 from gptkit.train.optim import (
     Muon,
     block_matrices,
@@ -797,7 +799,7 @@ def test_default_warmup_is_the_papers_2000_capped_at_a_tenth_of_training():
 
 
 def test_parse_duration():
-    from gptkit.train.loop import parse_duration
+    from gptkit.train.config import parse_duration
 
     assert parse_duration("90") == parse_duration("90s") == 90
     assert parse_duration("5m") == 300 and parse_duration("1h30m") == 5400 and parse_duration("2.5m") == 150

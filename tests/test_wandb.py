@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gptkit.data.prepare import prepare
-from gptkit.train.loop import read_metrics
+from gptkit.train.metrics_log import read_metrics
 from tests.test_train import loop_config, make_trainer
 
 wandb = pytest.importorskip("wandb")

@@ -183,13 +183,13 @@ class TimeBudget:
             f"{self.measured_over} updates → {plan.planned_steps} updates planned (warm-up {plan.warmup_steps})"
         )
 
-    def past_deadline(self, now: float) -> bool:
-        """Whether any process is past the budget: all of them stop at the same update."""
-        past = self.elapsed(now) >= self.seconds
+    def past_deadline(self, now: float, agreed: bool = False) -> bool:
+        """Whether the run is past the budget: alone, at ``now``; under torchrun, as the update's
+        shared values said (``agreed``: any process was past it when they were reduced), so that
+        every process stops at the same update without a collective of its own."""
         if not self.ctx.is_distributed:
-            return past
-        flag = torch.tensor([1.0 if past else 0.0], device=self.ctx.device)
-        return bool(self.ctx.all_reduce_mean(flag).item() > 0)
+            return self.elapsed(now) >= self.seconds
+        return agreed
 
     def stop_here(self, plan: BudgetPlan | None, step: int, warmup_steps: int) -> BudgetPlan:
         """The run ends at ``step`` (the deadline came first): ``plan``, or none yet, recorded as complete."""

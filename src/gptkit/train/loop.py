@@ -35,28 +35,16 @@ from gptkit.model import GPT
 from gptkit.progress import hidden_unless_terminal
 from gptkit.train.budget import BudgetPlan, TimeBudget
 from gptkit.train.checkpoints.checkpointer import CheckpointConfig, Checkpointer, SaveModel, set_rng_state
-from gptkit.train.config import TrainConfig, parse_duration
+from gptkit.train.config import TrainConfig
 from gptkit.train.distributed.processes import DistributedContext, gradient_sync, unwrap
 from gptkit.train.memory.allocator import keep_freed_memory
-from gptkit.train.metrics_log import MetricsLogger, MetricsWriter, make_writers, plot_metrics, read_metrics
+from gptkit.train.metrics_log import MetricsLogger, MetricsWriter, make_writers
 from gptkit.train.optim import build_optimizers, learning_rate
 from gptkit.train.precision import LossScaler, autocast
-from gptkit.train.rundir import CHECKPOINTS, LATEST, TRAIN_STATE, RunDir
+from gptkit.train.rundir import RunDir
 from gptkit.train.signals import STOP_SIGNALS, Interrupted, StopSignals
 
-__all__ = [
-    "CHECKPOINTS",
-    "LATEST",
-    "TRAIN_STATE",
-    "BatchSource",
-    "Interrupted",
-    "NonFiniteLossError",
-    "TrainConfig",
-    "Trainer",
-    "parse_duration",
-    "plot_metrics",
-    "read_metrics",
-]
+__all__ = ["BatchSource", "Interrupted", "NonFiniteLossError", "Trainer"]
 
 
 class BatchSource(Protocol):
@@ -123,6 +111,9 @@ class Trainer:
             evaluation (fine-tuning keeps its best model so).
         metrics_writers: extra destinations for the metrics log's records (metrics.jsonl always).
     """
+
+    budget: TimeBudget | None = None  # the time budget being planned for, while fit() runs
+    past_deadline = False  # under torchrun: whether any process was past it (_read_update)
 
     def __init__(
         self,
@@ -264,6 +255,7 @@ class Trainer:
                 self.clock,
             )
             budget.start(self.step)
+        self.budget = budget
         bar = tqdm(
             total=self.max_steps,
             initial=self.step,
@@ -322,7 +314,7 @@ class Trainer:
             if self.ctx.is_main:
                 tqdm.write(budget.message(plan))
                 self._write_run_config()
-        if self.step < self.max_steps and budget.past_deadline(now):
+        if self.step < self.max_steps and budget.past_deadline(now, self.past_deadline):
             # Past the deadline (the plan was too hopeful): this update is the last. The run is
             # complete as it stands (a resume has nothing left to do), also when the deadline came
             # before the plan was made.
@@ -416,10 +408,13 @@ class Trainer:
                 self.loss_scaler.scale(loss).backward()
             total_loss += loss.detach().float()
         # One all-reduce for what every process decides alike: the loss, the target tokens (of a
-        # model that counts them) and the stop requests (a signal may reach one process first).
-        requests = torch.zeros(len(STOP_SIGNALS), device=ctx.device)
+        # model that counts them), the stop requests (a signal may reach one process first) and
+        # whether this process is past a time budget: all stop after the same update.
+        requests = torch.zeros(len(STOP_SIGNALS) + 1, device=ctx.device)
         if self.stop.signum is not None:
             requests[STOP_SIGNALS.index(self.stop.signum)] = 1.0  # a fill: nothing copied to the device
+        if self.budget is not None and self.budget.elapsed(self.clock()) >= self.budget.seconds:
+            requests[-1] = 1.0
         target_total = sum(targets) if targets else torch.zeros((), device=ctx.device)
         self.counts_targets = bool(targets)
         self.shared = ctx.all_reduce_mean(torch.cat([total_loss[None], target_total[None], requests]))
@@ -439,10 +434,10 @@ class Trainer:
         found_inf = self.loss_scaler.found_inf
         values = [loss, grad_norm.to(self.ctx.device), *self.shared[1:]]
         values.append(torch.zeros((), device=self.ctx.device) if found_inf is None else found_inf)
-        loss_value, norm_value, targets, *requests, overflow = torch.stack(
+        loss_value, norm_value, targets, *requests, past, overflow = torch.stack(
             [v.float() for v in values]
         ).tolist()
-        self.nothing_to_learn = self.counts_targets and targets == 0.0
+        self.nothing_to_learn, self.past_deadline = self.counts_targets and targets == 0.0, past > 0.0
         if self.stop.agreed is None and any(requests):
             self.stop.agreed = next(s for s, asked in zip(STOP_SIGNALS, requests, strict=True) if asked)
         return loss_value, norm_value, bool(overflow)

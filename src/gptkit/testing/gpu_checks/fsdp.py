@@ -28,7 +28,7 @@ from typing import Any
 
 from gptkit.testing.gpu_checks.common import Settings, prepared_shards, torchrun
 from gptkit.train.config import TrainConfig
-from gptkit.train.loop import read_metrics
+from gptkit.train.metrics_log import read_metrics
 from gptkit.train.pretrain import PretrainConfig, pretrain
 from gptkit.train.run import ModelShape
 from gptkit.train.rundir import RunDir

@@ -16,8 +16,9 @@ from gptkit.hardware import bf16_native
 from gptkit.testing.gpu_checks.common import ByteWindows, Settings, byte_ids, skipped
 from gptkit.train.config import TrainConfig
 from gptkit.train.distributed.processes import DistributedContext
-from gptkit.train.loop import Trainer, read_metrics
+from gptkit.train.loop import Trainer
 from gptkit.train.memory.activation_checkpointing import apply_activation_checkpointing
+from gptkit.train.metrics_log import read_metrics
 
 
 def _gradients(model: torch.nn.Module, ids: torch.Tensor, dtype: torch.dtype, seed: int = 7) -> dict:
