@@ -110,7 +110,7 @@ def test_the_process_group_gets_the_collective_timeout_whatever_its_backend(
 
 @pytest.mark.slow
 def test_clip_grad_norm_on_host_shards_in_the_group_started_for_cuda():
-    """Failed before the fix with "No backend type associated with device type cpu"."""
+    """A group of NCCL alone refuses it: "No backend type associated with device type cpu"."""
     with mp.Manager() as manager:
         results = manager.dict()
         mp.spawn(clip_host_shards, args=(2, free_port(), results), nprocs=2, join=True)

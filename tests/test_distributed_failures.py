@@ -132,8 +132,9 @@ def save_failing(rank: int, world_size: int, port: int, out: Path, failing: str,
 
 @pytest.mark.parametrize("failing", ["whole", "rank 0 after the shards", "rank 1's shard"])
 def test_a_checkpoint_one_rank_cannot_write_fails_every_rank(tmp_path, failing):
-    """Before, rank 0 left ``save`` with its error while rank 1 waited at its end in a barrier (a
-    shard's failure, which DCP raises on every process, was no OSError, and no one line)."""
+    """One rank's failed write reaches the other, which would otherwise wait at the end of ``save``
+    in a barrier; a shard's failure, which DCP raises on every process, becomes the one-line
+    CheckpointWriteError on both."""
     got = run_two(save_failing, tmp_path, failing)
     checkpoints = tmp_path / "checkpoints"
     failed = 1 if failing == "rank 1's shard" else 0
@@ -183,7 +184,8 @@ def keep_best(rank: int, world_size: int, port: int, out: Path, improved: int, r
 
 @pytest.mark.parametrize("improved", [0, 1])
 def test_the_best_model_follows_rank_0s_score_on_every_rank(tmp_path, improved):
-    """Before, the rank whose score improved gathered the FSDP2 shards alone, and waited forever."""
+    """Both ranks follow rank 0's score: a rank whose own score improved would otherwise gather the
+    FSDP2 shards alone, and wait forever."""
     got = run_two(keep_best, tmp_path, improved)
     assert got[0]["error"] is None and got[1]["error"] is None, got
     assert got[0]["in_step"] and got[1]["in_step"]

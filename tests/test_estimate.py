@@ -61,8 +61,17 @@ def test_sizes_read_as_gpu_memory_is_sold():
         parse_size("lots")
     with pytest.raises(ValueError, match=r"devices.*at least 1"):
         EstimateOptions(devices=0)
-    with pytest.raises(ValueError, match=r"--fsdp shards a run across devices: give --devices N"):
-        estimate_pretrain(pretrain(fsdp=True))
+
+
+def test_fsdp_over_one_device_keeps_what_it_offloads_on_the_host():
+    """One process shards over a group of itself; with --fsdp-offload AdamW's two fp32 moments
+    of every parameter are the host's, not the device's."""
+    on_device = estimate_pretrain(pretrain(fsdp=True))
+    offloaded = estimate_pretrain(pretrain(fsdp=True, fsdp_offload=True))
+    parameters = sum(p.numel() for p in GPT(model_config(SHAPE)).parameters())
+    assert on_device.states["optimizer_state"] >= 8 * parameters and on_device.host_bytes == 0
+    assert offloaded.host["optimizer_state"] >= 8 * parameters
+    assert offloaded.peak_bytes <= on_device.peak_bytes - 8 * parameters
 
 
 def test_published_shapes_are_known_without_downloading():

@@ -16,25 +16,13 @@ from gptkit import GPT, GPTConfig
 from gptkit.testing.processes import free_port, torchrun_environment
 from gptkit.train.config import TrainConfig
 from gptkit.train.memory.estimate import EstimateOptions, PretrainEstimateConfig, estimate_pretrain
+from gptkit.train.memory.simulation import NoBatches
 from tests.test_estimate import SHAPE, parameter_shapes
 
 # 37 rows of the token embedding: the two shards differ, as they do for GPT-2's 50,257.
 CONFIG = GPTConfig(vocab_size=37, context_length=16, n_layer=2, n_head=2, d_model=16, dropout=0.0)
 BATCH, MICRO, UPDATES, WORLD = 8, 2, 2, 2  # 2 micro-batches per rank, 4 for one process
 SETTINGS = [(precision, defer) for precision in ("fp32", "bf16") for defer in (False, True)]
-
-
-class _Batches:
-    """The Trainer's batch source, never read: each test passes its batches itself."""
-
-    def next_batch(self):
-        raise RuntimeError("the batches are passed to compute_gradients")
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
 
 
 def global_batches() -> list[dict]:
@@ -87,7 +75,7 @@ def train(ctx, precision: str, defer: bool = False) -> dict:
     result = {"losses": [], "after_first": [], "after_last": []}
     share = BATCH // ctx.world_size
     with tempfile.TemporaryDirectory() as out_dir:
-        trainer = Trainer(model, config, _Batches(), out_dir, save_model=lambda *a: None, ctx=ctx)
+        trainer = Trainer(model, config, NoBatches(), out_dir, save_model=lambda *a: None, ctx=ctx)
         for batch in global_batches():
             mine = {k: v[ctx.rank * share : (ctx.rank + 1) * share] for k, v in batch.items()}
             seen.clear()

@@ -79,3 +79,31 @@ def test_an_overflow_in_one_optimizers_gradients_skips_every_optimizer(overflowi
     moved = [name for name, p in model.named_parameters() if not torch.equal(p.detach(), before[name])]
     assert moved == []
     assert scaler.metrics() == {"loss_scale": scale / 2, "skipped_updates": 1}
+
+
+def test_a_scale_saved_by_torchs_gradscaler_resumes_here():
+    """Checkpoints keep GradScaler's keys: one it wrote (with the skipped count beside) resumes."""
+    theirs = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=7)
+    theirs.scale(torch.ones(()))  # its scale exists from the first scale() on
+    saved = {**theirs.state_dict(), "skipped": 3}
+    scaler = LossScaler(torch.float16, torch.device("cpu"))
+    scaler.load_state_dict(saved, "step-0000004")
+    assert scaler.metrics() == {"loss_scale": 2.0**10, "skipped_updates": 3}
+    assert scaler.state_dict() == saved
+
+
+def test_a_step_before_unscaling_unscales_first():
+    scaler = LossScaler(torch.float16, torch.device("cpu"))
+    scale = scaler.scale(torch.ones(())).item()
+    param, optimizer = parameter_with_scaled_gradient(scale, overflow=False)
+    assert scaler.step([optimizer]) is True
+    assert torch.equal(param.detach(), torch.full((4,), 0.5))
+
+
+def test_fp16_weights_are_refused_with_a_reason():
+    scaler = LossScaler(torch.float16, torch.device("cpu"))
+    scaler.scale(torch.ones(()))
+    param = torch.nn.Parameter(torch.ones(4, dtype=torch.float16))
+    param.grad = torch.ones(4, dtype=torch.float16)
+    with pytest.raises(ValueError, match="needs fp32 weights"):
+        scaler.unscale([torch.optim.SGD([param], lr=1.0)])

@@ -20,7 +20,7 @@ def events(monkeypatch, tmp_path) -> list[str]:
         return "locked" if lock.exists() and lock.read_text() else "unlocked"
 
     def start(device, *process_group_settings):
-        happened.append(f"start ({held()})")
+        happened.append(f"start ({held()}) {process_group_settings}")
         return DistributedContext()
 
     monkeypatch.setattr(run, "init_distributed", start)
@@ -33,14 +33,25 @@ def test_the_lock_comes_first_and_goes_last_also_on_an_error(events, tmp_path):
     with run.run_stage(out, resume=False, command="pretrain", device="cpu") as ctx:
         events.append("train")
         assert ctx.is_main
-    assert events == ["start (locked)", "train", "shut down (locked)"]
+    assert events == ["start (locked) (False, False, 600.0)", "train", "shut down (locked)"]
     assert (out / LOCK).read_text() == ""  # let go
 
     events.clear()
     with pytest.raises(RuntimeError, match="boom"):
         with run.run_stage(tmp_path / "run", resume=True, command="finetune", device="cpu"):
             raise RuntimeError("boom")
-    assert events == ["start (locked)", "shut down (locked)"] and (out / LOCK).read_text() == ""
+    assert events == ["start (locked) (False, False, 600.0)", "shut down (locked)"]
+    assert (out / LOCK).read_text() == ""
+
+
+def test_the_process_group_is_started_as_the_run_asks(events, tmp_path):
+    """FSDP2, its offload (gloo beside NCCL) and the collectives' timeout reach the process group."""
+    from gptkit.train.config import TrainConfig
+
+    train = TrainConfig(fsdp=True, fsdp_offload=True, collective_timeout="45m")
+    with run.run_stage(tmp_path / "run", resume=False, command="pretrain", device="cpu", train=train):
+        pass
+    assert events[0] == "start (locked) (True, True, 2700.0)"
 
 
 def test_a_run_refused_at_the_lock_starts_no_process_group(events, tmp_path):

@@ -237,6 +237,10 @@ class GPT(nn.Module):
             compute_logits: False skips returning the output layer's logits (task heads need only
                 ``hidden_states``); with ``labels`` the output layer and the loss are then fused,
                 never holding fp32 logits for the whole batch: faster and much smaller.
+
+        Token ids out of range raise a ValueError naming them, except in training mode on a GPU
+        (reading them would wait for the device every forward): the training loop checks its
+        batches on the host before they move.
         """
         past = cache.length if cache is not None else 0
         self._check_inputs(input_ids, past)

@@ -183,7 +183,7 @@ class TimeBudget:
             f"{self.measured_over} updates → {plan.planned_steps} updates planned (warm-up {plan.warmup_steps})"
         )
 
-    def past_deadline(self, now: float, agreed: bool = False) -> bool:
+    def past_deadline(self, now: float, agreed: bool) -> bool:
         """Whether the run is past the budget: alone, at ``now``; under torchrun, as the update's
         shared values said (``agreed``: any process was past it when they were reduced), so that
         every process stops at the same update without a collective of its own."""

@@ -9,10 +9,11 @@ checkpoints that resume exactly (:mod:`~gptkit.train.checkpoints.checkpointer`),
 A non-finite update is never applied, and never saved (under fp16, gradients that overflow are the
 loss scaler's: the update is skipped and counted, and the scale lowered).
 
-On a GPU the host waits for the device once per update, no more: the values the update must
+On a GPU the loop waits for the device once per update, no more: the values the update must
 decide on (the loss, the gradient norm, an fp16 overflow, whether there was anything to learn, a
-stop request) are read together, between the backward pass and the optimizer's step. Token ids
-are checked on the host before they move; the rest (the log, the progress bar) uses those values.
+stop request, a time budget's deadline under torchrun) are read together, between the backward
+pass and the optimizer's step. Token ids are checked on the host before they move; the rest (the
+log, the progress bar) uses those values. (FSDP2's CPU offload waits on its own copies to the host.)
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ class Trainer:
     """
 
     budget: TimeBudget | None = None  # the time budget being planned for, while fit() runs
-    past_deadline = False  # under torchrun: whether any process was past it (_read_update)
+    deadline_agreed = False  # under torchrun: whether any process was past it (_read_update)
 
     def __init__(
         self,
@@ -264,7 +265,7 @@ class Trainer:
             dynamic_ncols=True,
         )
         interrupted = False
-        stop = self.stop
+        stop = self.stop = StopSignals()  # a fit after an interrupted one starts unasked
         try:
             with stop:
                 self._loop(budget, bar)
@@ -314,7 +315,7 @@ class Trainer:
             if self.ctx.is_main:
                 tqdm.write(budget.message(plan))
                 self._write_run_config()
-        if self.step < self.max_steps and budget.past_deadline(now, self.past_deadline):
+        if self.step < self.max_steps and budget.past_deadline(now, self.deadline_agreed):
             # Past the deadline (the plan was too hopeful): this update is the last. The run is
             # complete as it stands (a resume has nothing left to do), also when the deadline came
             # before the plan was made.
@@ -384,7 +385,8 @@ class Trainer:
     def compute_gradients(self, batch: dict) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Forward and backward over ``batch``'s micro-batches, the gradients reduced across processes
         and clipped (under fp16, unscaled first): (the mean loss, the gradient norm, this process's
-        tokens). Reads no tensor's value, so that it also runs on fake tensors (``gptkit estimate``)."""
+        tokens). Reads no value on the device (only token ids still on the host, bound for a
+        device), so that it also runs on fake tensors (``gptkit estimate``)."""
         config, ctx = self.config, self.ctx
         ids = batch["input_ids"]
         if self.check_token_ids is not None and ctx.device.type != "cpu" and ids.device.type == "cpu":
@@ -437,7 +439,7 @@ class Trainer:
         loss_value, norm_value, targets, *requests, past, overflow = torch.stack(
             [v.float() for v in values]
         ).tolist()
-        self.nothing_to_learn, self.past_deadline = self.counts_targets and targets == 0.0, past > 0.0
+        self.nothing_to_learn, self.deadline_agreed = self.counts_targets and targets == 0.0, past > 0.0
         if self.stop.agreed is None and any(requests):
             self.stop.agreed = next(s for s, asked in zip(STOP_SIGNALS, requests, strict=True) if asked)
         return loss_value, norm_value, bool(overflow)

@@ -61,7 +61,7 @@ class LossScaler:
     ):
         self.enabled = dtype == torch.float16
         self.device = device
-        self.scale_value = init_scale  # S: a power of two
+        self.scale_value = float(init_scale)  # S: a power of two
         self.growth_factor, self.backoff_factor, self.growth_interval = 2.0, 0.5, growth_interval
         self.growth_tracker = 0  # updates in a row without overflow
         self.skipped = 0  # updates skipped for overflow, over the whole run (checkpointed)
@@ -83,8 +83,13 @@ class LossScaler:
         for optimizer in optimizers:
             for group in optimizer.param_groups:
                 for param in group["params"]:
-                    if param.grad is not None:
-                        groups[(param.grad.device, param.grad.dtype)].append(param.grad)
+                    if param.grad is None:
+                        continue
+                    if param.grad.dtype == torch.float16:  # 1/S would underflow in fp16
+                        raise ValueError(
+                            "fp16 loss scaling needs fp32 weights (and gradients): got fp16 ones"
+                        )
+                    groups[(param.grad.device, param.grad.dtype)].append(param.grad)
         flags = [torch.zeros((), device=self.device)]
         for (device, _), grads in groups.items():
             # Made where the gradients are, from the host's value: nothing to copy, nothing to wait for.
@@ -104,6 +109,8 @@ class LossScaler:
             for optimizer in optimizers:
                 optimizer.step()
             return True
+        if self.pending and self.found_inf is None:  # never unscaled: do it now, as GradScaler does
+            self.unscale(optimizers)
         if overflow is None:
             overflow = self.found_inf is not None and bool(self.found_inf.item())
         self.pending, self.found_inf = False, None
@@ -115,8 +122,9 @@ class LossScaler:
         for optimizer in optimizers:
             optimizer.step()
         self.growth_tracker += 1
-        if self.growth_tracker == self.growth_interval:
-            self.scale_value *= self.growth_factor
+        if self.growth_tracker >= self.growth_interval:
+            grown = self.scale_value * self.growth_factor
+            self.scale_value = grown if math.isfinite(grown) else self.scale_value
             self.growth_tracker = 0
         return True
 
@@ -163,10 +171,18 @@ class LossScaler:
             count = state.get(name)
             if not isinstance(count, int) or isinstance(count, bool) or count < 0:
                 raise ValueError(f"{source}: {what} is {count!r}, expected a count")
+        rules = {
+            "growth_factor": lambda v: isinstance(v, float) and v > 1,
+            "backoff_factor": lambda v: isinstance(v, float) and 0 < v < 1,
+            "growth_interval": lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+        }
+        factors = {name: state.get(name, getattr(self, name)) for name in rules}
+        for name, value in factors.items():
+            if not rules[name](value):
+                raise ValueError(f"{source}: the loss scale's {name} is {value!r}")
+        self.growth_factor, self.backoff_factor, self.growth_interval = factors.values()
         self.scale_value, self.growth_tracker, self.skipped = (
             scale,
             state["_growth_tracker"],
             state["skipped"],
         )
-        for name in ("growth_factor", "backoff_factor", "growth_interval"):
-            setattr(self, name, state.get(name, getattr(self, name)))

@@ -3,7 +3,9 @@ training loop to stop after the update in flight and save a checkpoint that resu
 
 Under torchrun a signal may reach the processes at different times: each process puts its request
 into the update's shared values (one all-reduce), and all stop after the same update, the one
-whose values first carry a request (:attr:`StopSignals.agreed`).
+whose values first carry a request (:attr:`StopSignals.agreed`). A signal that comes after the
+last update's values were shared is too late to agree on: the run ends as planned, with its final
+checkpoint (alone, a process still reports it, exiting 128 + the signal's number).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ class Settings:
     device: str = "cuda"
     nproc: int = 1
     batch_size: int = 8
-    work: Path = Path("/tmp")
+    work: Path = field(default_factory=lambda: Path(tempfile.gettempdir()))
     missing: dict[str, str] = field(default_factory=dict)
 
     @property

@@ -21,7 +21,7 @@ TORCH_FEATURES = (
     ("torch.distributed.checkpoint.state_dict", "get_state_dict", "DCP's sharded state dicts"),
     ("torch.distributed.tensor", "DTensor", "DTensor as a public API (torch 2.5)"),
     ("torch.utils.checkpoint", "create_selective_checkpoint_contexts", "selective checkpointing (2.4)"),
-    ("torch.amp", "GradScaler", "fp16 loss scaling on any device (torch 2.3)"),
+    ("torch", "_amp_foreach_non_finite_check_and_unscale_", "fp16 loss scaling's unscale (any device)"),
 )
 
 # Private pieces one check reads: missing, that check is skipped, naming them.

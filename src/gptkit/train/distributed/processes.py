@@ -129,7 +129,7 @@ def _init_process_group(backend: str, rank: int, world_size: int, timeout: timed
 
     ``timeout`` is given explicitly: torch's default depends on the backend string (10 minutes for
     plain NCCL, 30 for a mixed one), and a run's processes should fail alike whatever it names."""
-    if world_size == 1 and "MASTER_ADDR" not in os.environ:  # FSDP2 over one process, no torchrun
+    if world_size == 1:  # FSDP2 over one process: a store of its own, whatever the environment says
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
         return
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":

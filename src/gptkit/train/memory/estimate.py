@@ -46,7 +46,9 @@ class EstimateOptions:
 
     devices: int = field(
         default=1,
-        metadata={"help": "Devices (processes) to simulate: with more than 1, DDP, or FSDP2 with --fsdp."},
+        metadata={
+            "help": "Devices (processes) to simulate: with more than 1, DDP, or FSDP2 with --fsdp (also over 1)."
+        },
     )
     memory: str | None = field(
         default=None,
@@ -289,8 +291,6 @@ def _next_batch(peaks: dict[int, int], low: int, high: int | None, usable: float
 def estimate(simulation: Simulation, memory: int | None = None) -> Estimate:
     """The run's per-device memory at its configured batch; with ``memory``, also the largest
     per-device batch that fits."""
-    if simulation.train.fsdp and simulation.devices == 1:
-        raise ValueError("--fsdp shards a run across devices: give --devices N with N > 1")
     per_device = simulation.train.batch_size // simulation.devices
     if simulation.train.batch_size % simulation.devices:
         raise ValueError(

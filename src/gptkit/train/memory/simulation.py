@@ -102,19 +102,21 @@ def fused_attention_memory(model: nn.Module) -> None:
 
 
 @contextlib.contextmanager
-def simulated_ranks(devices: int):
-    """A fake process group of ``devices`` ranks (this process is rank 0) and its context."""
+def simulated_ranks(devices: int, fsdp: bool = False):
+    """A fake process group of ``devices`` ranks (this process is rank 0) and its context; one
+    rank has a group too under FSDP2 (``fsdp``), which shards over a group of itself."""
     if dist.is_initialized():
         raise RuntimeError("gptkit estimate runs outside any process group (not under torchrun)")
     ctx = DistributedContext(rank=0, world_size=devices)
-    if devices > 1:
+    grouped = devices > 1 or fsdp
+    if grouped:
         dist.init_process_group("fake", store=fake_store(), rank=0, world_size=devices)
     try:
-        if devices > 1:
+        if grouped:
             ctx.device_mesh()  # made from real tensors, before the fake ones
         yield ctx
     finally:
-        if devices > 1:
+        if grouped:
             dist.destroy_process_group()
 
 
@@ -182,7 +184,7 @@ def uses_ddp(simulation: Simulation) -> bool:
 
 
 def offloads(simulation: Simulation) -> bool:
-    return simulation.train.fsdp and simulation.train.fsdp_offload and simulation.devices > 1
+    return simulation.train.fsdp and simulation.train.fsdp_offload
 
 
 def ddp_bucket_bytes(model: nn.Module) -> int:
@@ -270,7 +272,7 @@ def simulate(simulation: Simulation, per_device: int) -> Estimate:
     peak = _Peaks(HOST_STATES if offloads(simulation) else ())
     with (
         tempfile.TemporaryDirectory() as out_dir,
-        simulated_ranks(simulation.devices) as ctx,
+        simulated_ranks(simulation.devices, simulation.train.fsdp) as ctx,
         fake_tensor_mode(),
         rules,
         warnings.catch_warnings(),
@@ -283,7 +285,7 @@ def simulate(simulation: Simulation, per_device: int) -> Estimate:
         trainer.apply_gradients()
         # The second update is the steady state (the optimizer's moments are held throughout): a
         # tracker made now starts from what the first left, and records the second's peak.
-        fsdp = simulation.train.fsdp and simulation.devices > 1
+        fsdp = simulation.train.fsdp
         tracker = memory_tracker(trainer.model, trainer.optimizers, fsdp)
         skip_gradient_hooks(tracker, trainer.model)
         watch_peaks(tracker, peak)
