@@ -6,7 +6,10 @@ CPU has no queue, but the reads are the same calls: here they are counted as the
 by a torch function mode that notes each read whose nearest caller outside torch is gptkit's code
 (torch's own optimizers read host-side step counters, which are no waits). Token ids are the one
 exception, by design: the loop checks them on the host, before they move to the device, and on a
-GPU the model's forward leaves them unread (``GPT.check_token_ids``).
+GPU the model's forward leaves them unread (``GPT.check_token_ids``). What the mode cannot see is an
+operation that waits inside torch without reading a value into Python (``.cpu()``, ``nonzero``, a
+boolean mask's indexing); the first GPU run counts those with CUDA's own sync debug mode
+(``scripts/gpu_checks.py``, ``sync_debug``).
 """
 
 from __future__ import annotations
