@@ -22,7 +22,7 @@ from gptkit.testing.processes import free_port, torchrun_environment
 
 pytestmark = pytest.mark.slow
 
-TIMEOUT = 120.0  # seconds for both processes, their start (importing torch) included, on a loaded 2-core machine
+TIMEOUT = 120.0  # seconds for both processes, their start included, on a loaded 2-core machine
 CONFIG = GPTConfig(vocab_size=32, context_length=8, n_layer=1, n_head=2, d_model=32)
 FULL = "No space left on device"
 
