@@ -35,7 +35,7 @@ TASKS = {  # name → (task, regression)
     "mc": ("multiple_choice", False),
 }
 MAX_LENGTH = 48  # the task models' max_length
-BATCH_WAIT_MS = 50  # long enough that concurrent requests surely share batches
+BATCH_WAIT_MS = 150  # long enough that concurrent requests share batches, also with the suite running beside
 BATCHERS = [(name, "/v1/embeddings") for name in ["lm", *TASKS]] + [(name, "/v1/classify") for name in TASKS]
 STARTUP_S = 600  # five models to load (seconds when the machine is quiet), on two cores others share
 
