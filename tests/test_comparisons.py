@@ -4,21 +4,19 @@ fed one example at a time without calling it the gain from batching."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+from gptkit.testing.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "list_comparisons.py"
 
 
 def _listing():
-    spec = importlib.util.spec_from_file_location("list_comparisons", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("list_comparisons")
 
 
 def test_every_comparison_names_its_peer_and_every_record_its_commit():

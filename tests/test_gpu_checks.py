@@ -5,7 +5,6 @@ not run here."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,16 +16,10 @@ import torch
 
 from gptkit.testing.gpu_checks.common import Settings
 from gptkit.testing.gpu_checks.requirements import refusal, skipped_for
+from gptkit.testing.scripts import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_checks.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("gpu_checks", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.slow
@@ -64,7 +57,7 @@ def test_a_torch_without_public_fsdp2_is_refused_in_one_line(monkeypatch, capsys
     line = refusal()
     assert line is not None and "\n" not in line
     assert "torch.distributed.fsdp.fully_shard" in line and torch.__version__ in line
-    assert load_script().main(["--device", "cpu", "--only", "sync_debug"]) == 2
+    assert load_script("gpu_checks").main(["--device", "cpu", "--only", "sync_debug"]) == 2
     said = capsys.readouterr()
     assert said.out == "" and said.err.strip() == line
 

@@ -8,6 +8,7 @@ references and the files and processes they are checked on.
 - :mod:`~gptkit.testing.adapters`: a LoRA adapter run as fine-tuning writes it, made without training.
 - :mod:`~gptkit.testing.fuzz` and :mod:`~gptkit.testing.fuzz_targets`: every file gptkit reads, damaged.
 - :mod:`~gptkit.testing.gpu_checks`: what only a CUDA machine can check, for ``scripts/gpu_checks.py``.
+- :mod:`~gptkit.testing.scripts`: the project's scripts imported as modules.
 
 Some of these need the ``dev`` extra (hypothesis, schemathesis, spaCy); gptkit itself imports none of them.
 """

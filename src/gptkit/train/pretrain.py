@@ -101,7 +101,7 @@ def build_wrapped(
 ) -> tuple[GPT, nn.Module]:
     """The model (new, or ``shape.init``'s weights) and the model wrapped for this run. Under FSDP2
     it is built on the meta device and each rank makes its own shards only, of the same values."""
-    if not meta_init_applies(train, ctx) or shape.random_init:
+    if not meta_init_applies(train) or shape.random_init:
         model = build_model(shape, vocab_size).to(ctx.device)
         return model, wrap_model(model, ctx, train)
     if not shape.init:

@@ -183,7 +183,7 @@ def dim0_rows(n_rows: int, rank: int, world_size: int) -> tuple[int, int]:
     return start, min(start + per_rank, n_rows)
 
 
-def meta_init_applies(train: TrainConfig, ctx: DistributedContext) -> bool:
+def meta_init_applies(train: TrainConfig) -> bool:
     """Whether the model is built on the meta device: under FSDP2."""
     return train.fsdp
 

@@ -56,12 +56,6 @@ class DistributedContext:
             value /= self.world_size
         return value
 
-    def all_reduce_max(self, value: torch.Tensor) -> torch.Tensor:
-        if self.is_distributed:
-            value = value.clone()
-            dist.all_reduce(value, op=dist.ReduceOp.MAX)
-        return value
-
     def barrier(self) -> None:
         if self.is_distributed:
             dist.barrier()
@@ -235,7 +229,7 @@ def unwrap(wrapped: nn.Module) -> nn.Module:
     return wrapped.module if hasattr(wrapped, "no_sync") and hasattr(wrapped, "module") else wrapped
 
 
-def _full_options(module: nn.Module, ctx: DistributedContext):
+def _full_options(module: nn.Module):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
     if not hasattr(module, "set_requires_gradient_sync"):
@@ -248,7 +242,7 @@ def full_model_state_dict(wrapped: nn.Module, ctx: DistributedContext) -> dict[s
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     module = unwrap(wrapped)
-    return get_model_state_dict(module, options=_full_options(module, ctx))
+    return get_model_state_dict(module, options=_full_options(module))
 
 
 def full_state_dicts(wrapped: nn.Module, optimizers: list[torch.optim.Optimizer], ctx: DistributedContext):
@@ -257,7 +251,7 @@ def full_state_dicts(wrapped: nn.Module, optimizers: list[torch.optim.Optimizer]
 
     module = unwrap(wrapped)
     model_state = full_model_state_dict(wrapped, ctx)  # first: as torch's own examples order them
-    optim_state = get_optimizer_state_dict(module, optimizers, options=_full_options(module, ctx))
+    optim_state = get_optimizer_state_dict(module, optimizers, options=_full_options(module))
     return model_state, optim_state
 
 
